@@ -1,0 +1,1 @@
+"""Use cases and the edge: configuration, training loop, evaluation, reporting and the CLI."""

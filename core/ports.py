@@ -1,0 +1,63 @@
+"""Ports: the interfaces that adapters implement and the core and app depend on.
+
+The core never imports an adapter; it only names these protocols. A task (Expr24, SMILES, a
+user's own reward) describes what may be generated and how a generated text is scored; a
+similarity backend turns items into a pairwise similarity matrix for SubM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Score:
+    """Task-only score of one terminated text.
+
+    value: S(x), the task score (Expr24: 1.0 when the expression equals 24; SMILES: QED).
+    valid: whether x is feasible (parses / sanitises); an invalid text has value 0.0.
+    """
+
+    value: float
+    valid: bool
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What may be generated for a prompt and how a generated text is scored.
+
+    Attributes:
+        name: short identifier (``expr24``, ``smiles``...).
+        alphabet: characters a generated token may consist of; used to derive the legal-token
+            list from any tokenizer. ``None`` allows every token.
+        grammar: EBNF (xgrammar dialect) that every generated text must be a prefix of, with stop
+            allowed only where the text is a complete sentence; ``None`` disables the grammar.
+        min_length, max_length: bounds on the number of generated tokens before the stop.
+    """
+
+    name: str
+    alphabet: str | None
+    grammar: str | None
+    min_length: int
+    max_length: int
+
+    def prompts(self) -> list[str]:
+        """The prompts (conditioning texts) training cycles through."""
+        ...
+
+    def score(self, prompt: str, text: str) -> Score:
+        """Score the generated ``text`` (without prompt or stop token) for ``prompt``."""
+        ...
+
+
+@runtime_checkable
+class Similarity(Protocol):
+    """Pairwise similarity in [0, 1] between replay items, used by SubM's diversity term."""
+
+    def pairwise(self, a: Sequence[object], b: Sequence[object]) -> np.ndarray:
+        """Return a float array of shape [len(a), len(b)] with values in [0, 1]."""
+        ...
