@@ -17,6 +17,7 @@ objectives, but they must still be finite where used (k <= tau, t < tau).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from array_api_compat import array_namespace, device
@@ -63,18 +64,31 @@ class PrefixBatch:
         if not xp.isdtype(self.length.dtype, "integral"):
             raise ValueError(f"length: expected an integer dtype, got {self.length.dtype}")
         if b > 0:
-            lo, hi = int(xp.min(self.length)), int(xp.max(self.length))
+            lo, hi = xp.stack([xp.min(self.length), xp.max(self.length)]).tolist()
             if lo < 0 or hi > t:
                 raise ValueError(f"length: values must lie in [0, T={t}], got min {lo}, max {hi}")
-        for name, mask in (
-            ("log_pf", self.token_mask),
-            ("log_pterm", self.prefix_mask),
-            ("log_r", self.prefix_mask),
-            ("u", self.prefix_mask),
-        ):
-            arr = getattr(self, name)
-            if not bool(xp.all(xp.isfinite(xp.where(mask, arr, xp.zeros_like(arr))))):
-                raise ValueError(f"{name}: non-finite value at a position the objectives use")
+        # One reduction (one device sync) in the common case: a NaN or inf anywhere in the used
+        # positions makes the sum non-finite. Only then look for the field to name.
+        used = [
+            xp.sum(xp.where(mask, arr, xp.zeros_like(arr)))
+            for arr, mask in (
+                (self.log_pf, self.token_mask),
+                (self.log_pterm, self.prefix_mask),
+                (self.log_r, self.prefix_mask),
+                (self.u, self.prefix_mask),
+            )
+        ]
+        if not bool(xp.all(xp.isfinite(xp.stack(used)))):
+            for name, mask in (
+                ("log_pf", self.token_mask),
+                ("log_pterm", self.prefix_mask),
+                ("log_r", self.prefix_mask),
+                ("u", self.prefix_mask),
+            ):
+                arr = getattr(self, name)
+                if not bool(xp.all(xp.isfinite(xp.where(mask, arr, xp.zeros_like(arr))))):
+                    raise ValueError(f"{name}: non-finite value at a position the objectives use")
+            raise ValueError("PrefixBatch: values too large (the sum of used positions overflows)")
 
     @property
     def xp(self) -> Any:
@@ -90,14 +104,14 @@ class PrefixBatch:
         """T, the number of token columns."""
         return int(self.log_pf.shape[1])
 
-    @property
+    @cached_property
     def token_mask(self) -> Array:
         """Bool [B, T]: column t holds a generated token (t < tau)."""
         xp = self.xp
         cols = xp.arange(self.max_length, device=device(self.length))
         return cols[None, :] < self.length[:, None]
 
-    @property
+    @cached_property
     def prefix_mask(self) -> Array:
         """Bool [B, T+1]: prefix k was visited (k <= tau)."""
         xp = self.xp

@@ -250,8 +250,9 @@ class RapTB(Objective):
         zero = xp.zeros_like(u)
         absorb = eligible & (xp.abs(u) <= self.absorb_eps)
         distance = xp.astype(h[:, None] - cols[None, :], u.dtype)
-        correction = xp.where(absorb, self.gamma ** xp.where(absorb, distance, zero), zero)
-        rhat = rooted + correction * xp.where(absorb, u - u_tgt, zero)
+        # Outside the absorbed set the product may be inf * 0; ``where`` selects 0 there, and no
+        # gradient flows through it (u and u_tgt are data).
+        rhat = rooted + xp.where(absorb, self.gamma**distance * (u - u_tgt), zero)
 
         offset = xp.astype(cols - k_min, u.dtype)
         weight = xp.where(eligible, float(self.subtb_lambda) ** offset[None, :], zero)

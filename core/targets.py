@@ -65,7 +65,7 @@ def absorbed_targets(
         raise ValueError(
             f"u: expected [B, T+1] with length [B], got {tuple(u.shape)} and {tuple(length.shape)}"
         )
-    n_rows, n_cols = int(u.shape[0]), int(u.shape[1])
+    n_cols = int(u.shape[1])
     dev = device(u)
     cols = xp.arange(n_cols, device=dev)
     h = backup_window_end(length, horizon)
@@ -77,7 +77,7 @@ def absorbed_targets(
     run_lse = xp.where(in_window, beta * u, neg_inf)
     stride = 1
     while stride < n_cols:
-        pad = xp.full((n_rows, stride), -math.inf, dtype=u.dtype, device=dev)
+        pad = neg_inf[:, :stride]
         run_max = xp.maximum(run_max, xp.concat([run_max[:, stride:], pad], axis=1))
         shifted = xp.concat([run_lse[:, stride:], pad], axis=1) - (beta * rho * stride)
         run_lse = xp.logaddexp(run_lse, shifted)
