@@ -1,0 +1,145 @@
+"""PNG plots written by evaluation: lengths, prefix diagnostics, score by length, training curves.
+
+Figures are built on :class:`matplotlib.figure.Figure` directly (Agg canvas) rather than through
+``pyplot``, so that plotting neither needs a display nor changes the process-wide backend or
+keeps figures alive in pyplot's registry. Each function takes data and an output path, creates
+the parent folder, writes a PNG and returns the path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from raptb.core.metrics import PrefixDiagnostics
+
+TRAINING_CURVES = (
+    ("loss", "loss"),
+    ("log_z", "log Z"),
+    ("acc", "accuracy"),
+    ("unique_correct", "distinct correct samples"),
+)
+
+
+def _save(figure: Figure, path: str | Path) -> Path:
+    output = Path(path)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(figure)
+    figure.savefig(output, format="png", dpi=110)
+    return output
+
+
+def plot_length_histogram(
+    lengths: Iterable[int], path: str | Path, title: str = "Valid samples by length"
+) -> Path:
+    """Bar chart of the number of (valid) samples per pre-stop length."""
+    values = np.asarray(list(lengths), dtype=np.int64)
+    figure = Figure(figsize=(6, 4), layout="constrained")
+    axes = figure.add_subplot()
+    if values.size:
+        sizes, counts = np.unique(values, return_counts=True)
+        axes.bar(sizes, counts, width=0.8, color="tab:blue")
+        axes.set_xticks(sizes)
+    else:
+        axes.text(0.5, 0.5, "no valid samples", ha="center", va="center")
+    axes.set_xlabel("length (tokens before stop)")
+    axes.set_ylabel("count")
+    axes.set_title(title)
+    return _save(figure, path)
+
+
+def plot_prefix_diagnostics(
+    diagnostics: PrefixDiagnostics | Mapping[str, Sequence[float]], path: str | Path
+) -> Path:
+    """Surv(k), PefEnt(k) and Top1(k) against depth k, one panel each.
+
+    Accepts a :class:`PrefixDiagnostics` or its ``to_dict()`` form (as in metrics.json).
+    """
+    data = diagnostics.to_dict() if isinstance(diagnostics, PrefixDiagnostics) else diagnostics
+    figure = Figure(figsize=(11, 3.5), layout="constrained")
+    panels = (("surv", "Surv(k)"), ("pef_ent", "PefEnt(k) [nats]"), ("top1", "Top1(k)"))
+    for index, (key, label) in enumerate(panels, start=1):
+        axes = figure.add_subplot(1, len(panels), index)
+        axes.plot(data["depth"], data[key], marker="o")
+        axes.set_xlabel("prefix depth k")
+        axes.set_title(label)
+        axes.grid(alpha=0.3)
+    figure.suptitle("Prefix diagnostics (valid samples)")
+    return _save(figure, path)
+
+
+def plot_score_by_length(lengths: Iterable[int], scores: Iterable[float], path: str | Path) -> Path:
+    """Mean task score per length with the sample count written above each bar."""
+    sizes = np.asarray(list(lengths), dtype=np.int64)
+    values = np.asarray(list(scores), dtype=np.float64)
+    if sizes.shape != values.shape:
+        raise ValueError(f"lengths and scores differ in shape: {sizes.shape} vs {values.shape}")
+    figure = Figure(figsize=(6, 4), layout="constrained")
+    axes = figure.add_subplot()
+    if sizes.size:
+        unique_sizes = np.unique(sizes)
+        means = [values[sizes == n].mean() for n in unique_sizes]
+        bars = axes.bar(unique_sizes, means, width=0.8, color="tab:green")
+        axes.bar_label(bars, labels=[f"n={int((sizes == n).sum())}" for n in unique_sizes])
+        # Headroom so the count labels above the tallest bar stay inside the axes.
+        axes.margins(y=0.12)
+        axes.set_xticks(unique_sizes)
+    else:
+        axes.text(0.5, 0.5, "no samples", ha="center", va="center")
+    axes.set_xlabel("length (tokens before stop)")
+    axes.set_ylabel("mean score")
+    axes.set_title("Score by length")
+    return _save(figure, path)
+
+
+def read_metrics_log(path: str | Path) -> list[dict[str, Any]]:
+    """The JSON objects of a ``metrics.jsonl``, one per line.
+
+    Blank lines and lines that do not parse as a JSON object are skipped: a run killed while
+    writing leaves a truncated last line, which should not prevent plotting the rest.
+    """
+    records = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def plot_training_curves(
+    metrics_log: str | Path | Sequence[Mapping[str, Any]], path: str | Path
+) -> Path:
+    """Loss, log Z, accuracy and distinct correct samples against ``step``.
+
+    ``metrics_log`` is a ``metrics.jsonl`` path or its records. A record missing ``step`` uses
+    its index; a record missing a curve's key (or with a non-numeric value) is left out of
+    that curve, and a curve with no points says so in its panel.
+    """
+    records = read_metrics_log(metrics_log) if isinstance(metrics_log, str | Path) else metrics_log
+    figure = Figure(figsize=(10, 7), layout="constrained")
+    for index, (key, label) in enumerate(TRAINING_CURVES, start=1):
+        axes = figure.add_subplot(2, 2, index)
+        points = [
+            (record.get("step", position), record[key])
+            for position, record in enumerate(records)
+            if isinstance(record.get(key), int | float) and not isinstance(record[key], bool)
+        ]
+        if points:
+            steps, values = zip(*points, strict=True)
+            axes.plot(steps, values)
+        else:
+            axes.text(0.5, 0.5, f"no '{key}' logged", ha="center", va="center")
+        axes.set_xlabel("step")
+        axes.set_title(label)
+        axes.grid(alpha=0.3)
+    figure.suptitle("Training curves")
+    return _save(figure, path)
