@@ -1,1 +1,1 @@
-"""Adapters binding the core to concrete technologies (torch/transformers, xgrammar, rdkit, tasks)."""
+"""Adapters binding the core to concrete technologies (torch, xgrammar, rdkit, tasks)."""

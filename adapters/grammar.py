@@ -1,0 +1,130 @@
+"""Grammar-constrained decoding with xgrammar over the legal sub-vocabulary.
+
+The task's EBNF (xgrammar dialect, ``root ::= ...``) is compiled against a ``TokenizerInfo`` whose
+vocabulary is the L legal tokens only (sub-id j is full-vocabulary id ``legal_ids[j]``, with the
+token's in-context text) plus one stop token at sub-id L. Filling a next-token mask therefore costs
+O(L) instead of O(V): for Expr24, 13 tokens rather than a model's full vocabulary (49,152 for
+SmolLM2). The stop bit of the mask is set exactly where the text accepted so far is a complete
+sentence of the grammar.
+
+``GrammarBatch`` holds one matcher per rollout row. Masks are returned over the sub-vocabulary:
+``allowed_mask()`` is a bool tensor [B, L] (column j = legal_ids[j]) and ``stop_mask()`` a bool
+tensor [B]. Compiled grammars are cached per (sub-vocabulary texts, grammar text), which is all a
+compilation depends on, so every tokenizer with the same legal texts shares one compilation.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import torch
+import xgrammar as xgr
+
+# The stop token's text in the sub-vocabulary: xgrammar treats stop ids separately from text, and
+# an empty text can never match grammar content.
+_STOP_TEXT = ""
+
+
+@functools.lru_cache(maxsize=64)
+def compile_grammar(texts: tuple[str, ...], grammar: str) -> xgr.CompiledGrammar:
+    """Compile ``grammar`` for a vocabulary of ``texts`` followed by one stop token (id len(texts)).
+
+    Raises ValueError naming ``grammar`` when the EBNF does not parse.
+    """
+    if not texts:
+        raise ValueError("legal_ids: the legal sub-vocabulary is empty")
+    info = xgr.TokenizerInfo([*texts, _STOP_TEXT], xgr.VocabType.RAW, stop_token_ids=[len(texts)])
+    try:
+        return xgr.GrammarCompiler(info, max_threads=1).compile_grammar(grammar)
+    except RuntimeError as exc:
+        raise ValueError(f"grammar: not a valid EBNF grammar ({exc})") from exc
+
+
+class GrammarBatch:
+    """B grammar matchers over the legal sub-vocabulary, one per rollout row.
+
+    legal_ids: full-vocabulary ids of the L legal tokens; texts: their in-context texts.
+    """
+
+    def __init__(
+        self,
+        grammar: str,
+        legal_ids: Sequence[int],
+        texts: Sequence[str],
+        batch_size: int,
+        *,
+        max_threads: int = 1,
+    ) -> None:
+        if len(legal_ids) != len(texts):
+            raise ValueError(
+                f"texts: expected one text per legal id ({len(legal_ids)}), got {len(texts)}"
+            )
+        if batch_size < 1:
+            raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
+        self.legal_ids = [int(i) for i in legal_ids]
+        self.num_legal = len(self.legal_ids)
+        self._sub_id = {full: sub for sub, full in enumerate(self.legal_ids)}
+        compiled = compile_grammar(tuple(texts), grammar)
+        self._matchers = [xgr.GrammarMatcher(compiled) for _ in range(batch_size)]
+        self._batch = xgr.BatchGrammarMatcher(max_threads)
+        self._bitmask = xgr.allocate_token_bitmask(batch_size, self.num_legal + 1)
+        self._bits = torch.arange(32, dtype=torch.int32)
+        self._stale = True
+
+    @property
+    def batch_size(self) -> int:
+        return len(self._matchers)
+
+    def reset(self) -> None:
+        """Return every row to the empty text (start of a rollout)."""
+        for matcher in self._matchers:
+            matcher.reset()
+        self._stale = True
+
+    def _masks(self) -> torch.Tensor:
+        """Bool [B, L + 1] next-token mask of every row (last column: stop), refilled if stale."""
+        if self._stale:
+            self._batch.batch_fill_next_token_bitmask(self._matchers, self._bitmask)
+            self._unpacked = self.unpack(self._bitmask, self.num_legal + 1)
+            self._stale = False
+        return self._unpacked
+
+    def unpack(self, bitmask: torch.Tensor, width: int) -> torch.Tensor:
+        """Bool [B, width] from xgrammar's int32 bitmask [B, ceil(width / 32)] (bit j%32 of word
+        j//32 is token j)."""
+        bits = (bitmask.unsqueeze(-1) >> self._bits) & 1
+        return bits.reshape(bitmask.shape[0], -1)[:, :width].bool()
+
+    def allowed_mask(self) -> torch.Tensor:
+        """Bool [B, L]: legal token j may follow each row's text and keep it a grammar prefix."""
+        return self._masks()[:, : self.num_legal]
+
+    def stop_mask(self) -> torch.Tensor:
+        """Bool [B]: each row's text is a complete sentence of the grammar."""
+        return self._masks()[:, self.num_legal]
+
+    def allowed(self, row: int) -> torch.Tensor:
+        """Bool [L] mask of the legal tokens that may follow row ``row``'s text."""
+        return self.allowed_mask()[row]
+
+    def can_stop(self, row: int) -> bool:
+        """Whether row ``row``'s text is a complete sentence of the grammar."""
+        return bool(self.stop_mask()[row])
+
+    def accept(self, row: int, token_id: int) -> bool:
+        """Advance row ``row`` by the full-vocabulary token ``token_id``; False if rejected (the
+        row's state is then unchanged, and a token outside the legal list is always rejected)."""
+        sub = self._sub_id.get(int(token_id))
+        if sub is None:
+            return False
+        self._stale = True
+        return self._matchers[row].accept_token(sub)
+
+    def accept_many(self, rows: Sequence[int], token_ids: Sequence[int]) -> list[bool]:
+        """``accept`` for several rows at once (one call into xgrammar)."""
+        subs = [self._sub_id.get(int(t), -1) for t in token_ids]
+        if any(s < 0 for s in subs):
+            raise ValueError("token_ids: every token must be in legal_ids")
+        self._stale = True
+        return xgr.BatchGrammarMatcher.batch_accept_token([self._matchers[r] for r in rows], subs)

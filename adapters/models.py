@@ -1,0 +1,112 @@
+"""Model and tokenizer loading: the embedded tiny default, a local directory, or a Hugging Face id.
+
+The embedded default ("tiny") is a GPT-2-architecture ``GPT2LMHeadModel`` (2 layers, width 64,
+4 heads, 64 positions, no dropout, about 0.1M parameters) with a character-level tokenizer: one
+token per printable ASCII character (code points 32..126, ids 0..94 in that order) plus the special
+tokens ``<eos>`` (the stop action, also used as BOS like GPT-2's ``<|endoftext|>``), ``<pad>`` and
+``<unk>`` (so that any prompt encodes). It is built with ``tokenizers`` and wrapped as a
+``PreTrainedTokenizerFast``, so the policy runs the same code path as for Llama. Weights are
+initialised locally from a seed (no download); the same seed gives the same weights, and the
+global torch RNG is left untouched.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GPT2Config,
+    GPT2LMHeadModel,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
+
+TINY = "tiny"
+EOS_TOKEN = "<eos>"
+PAD_TOKEN = "<pad>"
+UNK_TOKEN = "<unk>"
+PRINTABLE_ASCII = "".join(chr(c) for c in range(32, 127))
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """Character-level tokenizer over printable ASCII plus ``<eos>``, ``<pad>``, ``<unk>``."""
+    vocab = {c: i for i, c in enumerate(PRINTABLE_ASCII)}
+    for special in (EOS_TOKEN, PAD_TOKEN, UNK_TOKEN):
+        vocab[special] = len(vocab)
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
+    # every character is its own word; Fuse joins tokens without the default separating space
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=EOS_TOKEN,
+        bos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        unk_token=UNK_TOKEN,
+    )
+
+
+def build_tiny_model(
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    seed: int = 0,
+    n_layer: int = 2,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_positions: int = 64,
+) -> GPT2LMHeadModel:
+    """A freshly initialised GPT-2 model sized for ``tokenizer``, deterministic in ``seed``."""
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=n_positions,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        # no dropout: a rollout and its teacher-forced rescoring must see the same function
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return GPT2LMHeadModel(config)
+
+
+def load_model_and_tokenizer(
+    name: str = TINY, *, seed: int = 0, dtype: torch.dtype | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer.
+
+    name: ``"tiny"`` builds the embedded default from ``seed``; an existing local directory loads
+        with ``from_pretrained`` (as written by ``save_pretrained``); anything else is a Hugging
+        Face id (downloaded or taken from the local cache).
+    dtype: parameter dtype (e.g. ``torch.bfloat16``); None keeps float32 for "tiny" and the
+        checkpoint's dtype otherwise.
+    """
+    if not name:
+        raise ValueError("model: name must be 'tiny', a local directory or a Hugging Face id")
+    if name == TINY:
+        tokenizer = build_char_tokenizer()
+        model = build_tiny_model(tokenizer, seed=seed)
+        return (model if dtype is None else model.to(dtype)), tokenizer
+    path = Path(name).expanduser()
+    source = str(path) if path.is_dir() else name
+    kwargs = {} if dtype is None else {"dtype": dtype}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise ValueError(
+            f"model: cannot load {name!r} ({type(exc).__name__}: {exc}). Pass 'tiny', a local "
+            "directory holding a model saved with save_pretrained, or a Hugging Face id that is "
+            "reachable or already in the local cache"
+        ) from exc
+    return model, tokenizer
