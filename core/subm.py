@@ -1,0 +1,453 @@
+"""SubM: greedy maximisation of the paper's submodular replay objective (Numba kernels).
+
+Ground set G of n items, similarity sim(v, x) in [0, 1] (symmetric), static score s(x), length
+bin b(x) >= 0 with weights alpha_b >= 0. For S subset of the gated pool P (see below):
+
+    f(S) = sum_{x in S} s(x) + w_div sum_{v in P} msim(v, S) + w_len sum_b alpha_b log(1 + c_b(S))
+
+    msim(v, S) = max_{x in S} sim(v, x),  msim(v, {}) = 0,  c_b(S) = |{x in S : b(x) = b}|
+
+and the marginal gain the greedy loops evaluate is
+
+    Delta(x | S) = s(x) + w_div sum_{v in P} max(0, sim(v, x) - msim(v, S))
+                   + w_len alpha_{b(x)} log((2 + c_{b(x)}) / (1 + c_{b(x)})).
+
+With s >= 0 and non-negative weights f is monotone submodular, so greedy is within (1 - 1/e) of
+the optimum (Nemhauser, Wolsey, Fisher 1978). Selection stops at ``budget`` items or as soon as no
+candidate has a positive gain (negative static scores therefore exclude items).
+
+Validity gating (ratio rho in [0, 1], paper "Validity gating for diversity"): the pool P keeps
+every valid item and the invalid items with the highest static score (ties: lower index) up to
+the largest count that keeps valid / |P| >= rho. P is both the candidate set and the ground set
+of the facility term (as in the paper's code; with rho = 1 invalid items are never selected).
+rho = 0 keeps everything.
+
+Methods: ``standard`` (argmax over all candidates every step), ``lazy`` (Minoux 1978: a max-heap of
+stale gains; by submodularity a stale gain bounds the current one, and because IEEE rounding is
+monotone the bound also holds in floating point, so lazy returns the same selection as standard
+with ties broken identically, lowest index first) and ``stochastic`` (Mirzasoleiman et al. 2015:
+each step scans a random sample of ceil(n / budget * log(1 / epsilon)) remaining candidates).
+
+Memory and precision: the similarity is held as one dense float32 [|P|, |P|] matrix (1 GiB at
+|G| = 16384; float64 would be 2 GiB and buys nothing, similarities are float32 already).
+Per-row facility sums are float32 SIMD reductions in one shared compiled loop, so the standard
+and lazy loops compute bit-identical gains.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+METHODS = ("standard", "lazy", "stochastic")
+
+
+@nb.njit(cache=True)
+def _check_similarity(sim: np.ndarray) -> tuple[bool, float]:
+    """(all values in [0, 1] and not NaN, max |sim[i, j] - sim[j, i]|) in one tiled pass."""
+    n = sim.shape[0]
+    tile = 64
+    in_range = True
+    asym = 0.0
+    # Tiles keep the transposed reads in cache; no early exit so the loop stays branch-light.
+    for i0 in range(0, n, tile):
+        for j0 in range(i0, n, tile):
+            for i in range(i0, min(i0 + tile, n)):
+                for j in range(max(j0, i), min(j0 + tile, n)):
+                    s = sim[i, j]
+                    t = sim[j, i]
+                    # NaN fails both comparisons, so it is caught here too.
+                    in_range &= (s >= 0.0) & (s <= 1.0) & (t >= 0.0) & (t <= 1.0)
+                    asym = max(asym, abs(s - t))
+    return in_range, asym
+
+
+@nb.njit(cache=True, fastmath={"reassoc", "nsz"})
+def _facility_gain(sim: np.ndarray, x: int, msim: np.ndarray) -> float:
+    """sum_v max(0, sim[x, v] - msim[v]) in float32.
+
+    ``reassoc`` lets LLVM vectorise the reduction (about 10x); the summation order is then fixed
+    by this one compiled loop, which every greedy method calls, so all methods see identical
+    gains, and each partial sum is still monotone in its terms (what lazy greedy relies on).
+    """
+    row = sim[x]
+    acc = np.float32(0.0)
+    for v in range(msim.shape[0]):
+        d = row[v] - msim[v]
+        acc += d if d > 0 else np.float32(0.0)
+    return acc
+
+
+@nb.njit(cache=True)
+def _gain(
+    sim: np.ndarray,
+    x: int,
+    msim: np.ndarray,
+    static: np.ndarray,
+    bins: np.ndarray,
+    alpha: np.ndarray,
+    counts: np.ndarray,
+    w_div: float,
+    w_len: float,
+) -> float:
+    g = static[x]
+    if w_div != 0.0:
+        g += w_div * _facility_gain(sim, x, msim)
+    if w_len != 0.0:
+        b = bins[x]
+        g += w_len * alpha[b] * math.log1p(1.0 / (counts[b] + 1.0))
+    return g
+
+
+@nb.njit(cache=True)
+def _take(sim: np.ndarray, x: int, msim: np.ndarray, bins: np.ndarray, counts: np.ndarray) -> None:
+    counts[bins[x]] += 1
+    row = sim[x]
+    for v in range(msim.shape[0]):
+        if row[v] > msim[v]:
+            msim[v] = row[v]
+
+
+@nb.njit(cache=True)
+def _greedy_standard(
+    sim: np.ndarray,
+    static: np.ndarray,
+    bins: np.ndarray,
+    alpha: np.ndarray,
+    budget: int,
+    w_div: float,
+    w_len: float,
+) -> np.ndarray:
+    n = sim.shape[0]
+    msim = np.zeros(n, dtype=sim.dtype)
+    counts = np.zeros(alpha.shape[0], dtype=np.int64)
+    taken = np.zeros(n, dtype=np.bool_)
+    out = np.empty(min(budget, n), dtype=np.int64)
+    k = 0
+    while k < out.shape[0]:
+        best = -np.inf
+        best_x = -1
+        for x in range(n):
+            if taken[x]:
+                continue
+            g = _gain(sim, x, msim, static, bins, alpha, counts, w_div, w_len)
+            if g > best:
+                best = g
+                best_x = x
+        if best_x < 0 or not best > 0.0:
+            break
+        taken[best_x] = True
+        _take(sim, best_x, msim, bins, counts)
+        out[k] = best_x
+        k += 1
+    return out[:k]
+
+
+@nb.njit(cache=True)
+def _before(keys: np.ndarray, ids: np.ndarray, i: int, j: int) -> bool:
+    """Heap order: larger key first, then lower item index (the standard loop's tie rule)."""
+    return keys[i] > keys[j] or (keys[i] == keys[j] and ids[i] < ids[j])
+
+
+@nb.njit(cache=True)
+def _sift_down(keys: np.ndarray, ids: np.ndarray, stamp: np.ndarray, i: int, size: int) -> None:
+    while True:
+        left = 2 * i + 1
+        if left >= size:
+            return
+        top = left
+        right = left + 1
+        if right < size and _before(keys, ids, right, left):
+            top = right
+        if not _before(keys, ids, top, i):
+            return
+        keys[i], keys[top] = keys[top], keys[i]
+        ids[i], ids[top] = ids[top], ids[i]
+        stamp[i], stamp[top] = stamp[top], stamp[i]
+        i = top
+
+
+@nb.njit(cache=True)
+def _greedy_lazy(
+    sim: np.ndarray,
+    static: np.ndarray,
+    bins: np.ndarray,
+    alpha: np.ndarray,
+    budget: int,
+    w_div: float,
+    w_len: float,
+) -> np.ndarray:
+    n = sim.shape[0]
+    msim = np.zeros(n, dtype=sim.dtype)
+    counts = np.zeros(alpha.shape[0], dtype=np.int64)
+    out = np.empty(min(budget, n), dtype=np.int64)
+    keys = np.empty(n, dtype=np.float64)
+    ids = np.arange(n)
+    stamp = np.zeros(n, dtype=np.int64)
+    for x in range(n):
+        keys[x] = _gain(sim, x, msim, static, bins, alpha, counts, w_div, w_len)
+    size = n
+    for i in range(n // 2 - 1, -1, -1):
+        _sift_down(keys, ids, stamp, i, size)
+    k = 0
+    while k < out.shape[0] and size > 0:
+        if stamp[0] == k:
+            # Fresh at the top: its exact gain beats every other upper bound.
+            if not keys[0] > 0.0:
+                break
+            x = ids[0]
+            _take(sim, x, msim, bins, counts)
+            out[k] = x
+            k += 1
+            size -= 1
+            keys[0], ids[0], stamp[0] = keys[size], ids[size], stamp[size]
+            _sift_down(keys, ids, stamp, 0, size)
+        else:
+            keys[0] = _gain(sim, ids[0], msim, static, bins, alpha, counts, w_div, w_len)
+            stamp[0] = k
+            _sift_down(keys, ids, stamp, 0, size)
+    return out[:k]
+
+
+@nb.njit(cache=True)
+def _greedy_stochastic(
+    sim: np.ndarray,
+    static: np.ndarray,
+    bins: np.ndarray,
+    alpha: np.ndarray,
+    budget: int,
+    w_div: float,
+    w_len: float,
+    sample_size: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    n = sim.shape[0]
+    msim = np.zeros(n, dtype=sim.dtype)
+    counts = np.zeros(alpha.shape[0], dtype=np.int64)
+    out = np.empty(min(budget, n), dtype=np.int64)
+    pool = np.arange(n)
+    remaining = n
+    k = 0
+    while k < out.shape[0]:
+        s = min(sample_size, remaining)
+        # Partial Fisher-Yates: pool[:s] becomes a uniform sample without replacement.
+        for i in range(s):
+            j = i + rng.integers(0, remaining - i)
+            pool[i], pool[j] = pool[j], pool[i]
+        best = -np.inf
+        best_pos = -1
+        for scan in range(2):
+            # Second pass (whole pool) only when the sample had no positive gain, so the loop
+            # stops exactly when no candidate has a positive gain.
+            limit = s if scan == 0 else remaining
+            for p in range(limit):
+                x = pool[p]
+                g = _gain(sim, x, msim, static, bins, alpha, counts, w_div, w_len)
+                if g > best or (g == best and x < pool[best_pos]):
+                    best = g
+                    best_pos = p
+            if best > 0.0:
+                break
+        if best_pos < 0 or not best > 0.0:
+            break
+        x = pool[best_pos]
+        _take(sim, x, msim, bins, counts)
+        out[k] = x
+        k += 1
+        remaining -= 1
+        pool[best_pos] = pool[remaining]
+    return out[:k]
+
+
+def validity_pool(valid: np.ndarray, static: np.ndarray, ratio: float) -> np.ndarray:
+    """Indices (ascending) of the gated pool: all valid items plus the best invalid ones.
+
+    Invalid items are ranked by static score (ties: lower index) and admitted while
+    n_valid / |pool| >= ratio still holds. ``ratio`` 0 keeps every item, 1 keeps valid items only.
+    """
+    valid = np.asarray(valid, dtype=bool)
+    static = np.asarray(static, dtype=np.float64)
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"gating_ratio must be in [0, 1], got {ratio}")
+    n_valid = int(valid.sum())
+    invalid = np.flatnonzero(~valid)
+    if ratio == 0.0:
+        n_inv = invalid.size
+    else:
+        bound = n_valid * (1.0 - ratio) / ratio
+        n_inv = invalid.size if bound >= invalid.size else math.floor(bound)
+        # Guard the float floor: admit exactly the largest count satisfying the ratio.
+        while n_inv > 0 and n_valid < ratio * (n_valid + n_inv):
+            n_inv -= 1
+        while n_inv < invalid.size and n_valid >= ratio * (n_valid + n_inv + 1):
+            n_inv += 1
+    order = invalid[np.lexsort((invalid, -static[invalid]))]
+    return np.sort(np.concatenate([np.flatnonzero(valid), order[:n_inv]]))
+
+
+def _check_vector(name: str, arr: np.ndarray, n: int) -> None:
+    if arr.ndim != 1 or arr.shape[0] != n:
+        raise ValueError(f"{name} must have shape [{n}] (one per ground-set item), got {arr.shape}")
+
+
+def _prepare(
+    similarity: np.ndarray,
+    static: np.ndarray,
+    length_bin: np.ndarray,
+    w_div: float,
+    w_len: float,
+    bin_alpha: np.ndarray | None,
+    valid: np.ndarray | None,
+    gating_ratio: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Validate inputs; return (pool, sim on pool, static on pool, bins on pool, alpha)."""
+    sim = np.asarray(similarity)
+    if sim.ndim != 2 or sim.shape[0] != sim.shape[1]:
+        raise ValueError(f"similarity must be a square [n, n] matrix, got shape {sim.shape}")
+    if not np.issubdtype(sim.dtype, np.floating):
+        raise ValueError(f"similarity must be a float array, got dtype {sim.dtype}")
+    n = sim.shape[0]
+    sim = np.ascontiguousarray(sim, dtype=np.float32)
+    in_range, asym = _check_similarity(sim)
+    if not in_range:
+        if not np.all(np.isfinite(sim)):
+            raise ValueError("similarity contains NaN or infinite values")
+        raise ValueError("similarity values must lie in [0, 1]")
+    if asym > 1e-6:
+        raise ValueError(f"similarity must be symmetric (max |S - S^T| = {asym:.3g})")
+    static_arr = np.asarray(static, dtype=np.float64)
+    _check_vector("static", static_arr, n)
+    if not np.all(np.isfinite(static_arr)):
+        raise ValueError("static contains NaN or infinite values")
+    bins = np.asarray(length_bin)
+    _check_vector("length_bin", bins, n)
+    if n and not np.issubdtype(bins.dtype, np.integer):
+        raise ValueError(f"length_bin must be an integer array, got dtype {bins.dtype}")
+    bins = bins.astype(np.int64)
+    if n and bins.min() < 0:
+        raise ValueError("length_bin must be non-negative")
+    n_bins = int(bins.max()) + 1 if n else 1
+    for name, w in (("w_div", w_div), ("w_len", w_len)):
+        if not (math.isfinite(w) and w >= 0.0):
+            raise ValueError(f"{name} must be a finite non-negative number, got {w}")
+    if bin_alpha is None:
+        alpha = np.ones(n_bins, dtype=np.float64)
+    else:
+        alpha = np.asarray(bin_alpha, dtype=np.float64)
+        if alpha.ndim != 1 or alpha.shape[0] < n_bins:
+            raise ValueError(
+                f"bin_alpha must be 1-D with at least {n_bins} bins, got {alpha.shape}"
+            )
+        if not np.all(np.isfinite(alpha)) or np.any(alpha < 0):
+            raise ValueError("bin_alpha must be finite and non-negative")
+    if not 0.0 <= gating_ratio <= 1.0:
+        raise ValueError(f"gating_ratio must be in [0, 1], got {gating_ratio}")
+    if valid is None:
+        pool = np.arange(n)
+    else:
+        valid_arr = np.asarray(valid)
+        _check_vector("valid", valid_arr, n)
+        if valid_arr.dtype != np.bool_:
+            raise ValueError(f"valid must be a bool array, got dtype {valid_arr.dtype}")
+        pool = validity_pool(valid_arr, static_arr, gating_ratio)
+    if pool.size != n:
+        sim = sim[np.ix_(pool, pool)]
+    return pool, sim, static_arr[pool], bins[pool], alpha
+
+
+def subm_select(
+    similarity: np.ndarray,
+    static: np.ndarray,
+    length_bin: np.ndarray,
+    budget: int,
+    *,
+    w_div: float = 1.0,
+    w_len: float = 1.0,
+    bin_alpha: np.ndarray | None = None,
+    valid: np.ndarray | None = None,
+    gating_ratio: float = 0.0,
+    method: str = "lazy",
+    epsilon: float = 0.1,
+    rng: np.random.Generator | None = None,
+) -> np.ndarray:
+    """Greedy SubM selection; returns int64 indices into the ground set, in selection order.
+
+    Args:
+        similarity: [n, n] symmetric similarity in [0, 1] (float32 is used internally).
+        static: [n] static score s(x) = w_rew r(x) + w_val 1[valid(x)] (caller's weights).
+        length_bin: [n] non-negative integer length bin of each item.
+        budget: maximum number of items to select (>= 0).
+        w_div, w_len: weights of the facility and length-coverage terms (>= 0).
+        bin_alpha: [n_bins] non-negative bin weights alpha_b; ``None`` is uniform 1.
+        valid: [n] bool validity, needed for gating; ``None`` treats all as valid.
+        gating_ratio: rho in [0, 1] (see module docstring).
+        method: ``standard``, ``lazy`` (default, same result as standard) or ``stochastic``.
+        epsilon: stochastic greedy accuracy in (0, 1); sample size ceil(n / budget log(1/eps)).
+        rng: generator seeding the stochastic method (required for it, ignored otherwise).
+    """
+    if isinstance(budget, bool) or not isinstance(budget, int | np.integer) or budget < 0:
+        raise ValueError(f"budget must be a non-negative integer, got {budget!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    pool, sim, static_p, bins_p, alpha = _prepare(
+        similarity, static, length_bin, w_div, w_len, bin_alpha, valid, gating_ratio
+    )
+    budget = int(budget)
+    if budget == 0 or pool.size == 0:
+        return np.empty(0, dtype=np.int64)
+    if method == "standard":
+        picked = _greedy_standard(sim, static_p, bins_p, alpha, budget, w_div, w_len)
+    elif method == "lazy":
+        picked = _greedy_lazy(sim, static_p, bins_p, alpha, budget, w_div, w_len)
+    else:
+        if not 0.0 < epsilon < 1.0:
+            raise ValueError(f"epsilon must be in (0, 1), got {epsilon}")
+        if rng is None:
+            raise ValueError("rng is required for method='stochastic'")
+        m = pool.size
+        sample_size = max(1, math.ceil(m / min(budget, m) * math.log(1.0 / epsilon)))
+        picked = _greedy_stochastic(
+            sim, static_p, bins_p, alpha, budget, w_div, w_len, sample_size, rng
+        )
+    return pool[picked]
+
+
+def subm_value(
+    selected: np.ndarray,
+    similarity: np.ndarray,
+    static: np.ndarray,
+    length_bin: np.ndarray,
+    *,
+    w_div: float = 1.0,
+    w_len: float = 1.0,
+    bin_alpha: np.ndarray | None = None,
+    valid: np.ndarray | None = None,
+    gating_ratio: float = 0.0,
+) -> float:
+    """f(S) in float64 for ``selected`` (distinct indices into the ground set, all in the pool)."""
+    pool, sim, static_p, bins_p, alpha = _prepare(
+        similarity, static, length_bin, w_div, w_len, bin_alpha, valid, gating_ratio
+    )
+    sel = np.asarray(selected, dtype=np.int64).reshape(-1)
+    if np.unique(sel).size != sel.size:
+        raise ValueError("selected must hold distinct indices")
+    pos = np.searchsorted(pool, sel)
+    if sel.size and (
+        np.any(pos >= pool.size) or np.any(pool[np.minimum(pos, pool.size - 1)] != sel)
+    ):
+        raise ValueError("selected contains indices outside the gated pool")
+    if sel.size == 0:
+        return 0.0
+    facility = float(sim[pos].astype(np.float64).max(axis=0).sum())
+    counts = np.bincount(bins_p[pos], minlength=alpha.shape[0])
+    length = float(np.sum(alpha[: counts.size] * np.log1p(counts)))
+    return float(static_p[pos].sum()) + w_div * facility + w_len * length
+
+
+def power_bin_alpha(n_bins: int, power: float = 1.0) -> np.ndarray:
+    """Bin weights alpha_b = ((b + 1) / n_bins) ** power, b = 0..n_bins-1 (favours long bins)."""
+    if n_bins < 1:
+        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
+    return ((np.arange(n_bins) + 1.0) / n_bins) ** power

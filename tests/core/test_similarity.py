@@ -1,0 +1,172 @@
+"""Similarity kernels against slow references (Python sets, RDKit) and the incremental cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from raptb.core.similarity import (
+    ShingleJaccardSimilarity,
+    SimilarityCache,
+    TanimotoSimilarity,
+    edit_distance,
+    edit_distances,
+    jaccard_matrix,
+    pack_bits,
+    shingle_ids,
+    tanimoto_matrix,
+)
+
+
+def _ref_tanimoto(a: np.ndarray, b: np.ndarray) -> float:
+    inter = np.logical_and(a, b).sum()
+    union = np.logical_or(a, b).sum()
+    return float(inter / union) if union else 0.0
+
+
+def _ref_shingles(seq, k: int) -> set:
+    items = list(seq)
+    if not items:
+        return set()
+    if len(items) <= k:
+        return {tuple(items)}
+    return {tuple(items[i : i + k]) for i in range(len(items) - k + 1)}
+
+
+def _ref_jaccard(a, b, k: int) -> float:
+    sa, sb = _ref_shingles(a, k), _ref_shingles(b, k)
+    union = len(sa | sb)
+    return len(sa & sb) / union if union else 0.0
+
+
+def _ref_levenshtein(a, b) -> int:
+    d = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        prev, d[0] = d[0], i
+        for j, y in enumerate(b, 1):
+            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (x != y))
+    return d[-1]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n_bits=st.integers(1, 200),
+    n=st.integers(1, 6),
+    m=st.integers(1, 6),
+    density=st.floats(0.0, 1.0),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_tanimoto_matches_bitwise_reference(n_bits, n, m, density, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.random((n, n_bits)) < density
+    b = rng.random((m, n_bits)) < density
+    got = tanimoto_matrix(pack_bits(a), pack_bits(b))
+    want = np.array([[_ref_tanimoto(x, y) for y in b] for x in a])
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_tanimoto_equals_rdkit_bulk_on_morgan_fingerprints():
+    pytest.importorskip("rdkit")
+    from rdkit import Chem, DataStructs
+    from rdkit.Chem import rdFingerprintGenerator
+
+    from raptb.adapters.chem_fp import morgan_packed
+
+    smiles = [
+        "CCO",
+        "c1ccccc1",
+        "CC(=O)Oc1ccccc1C(=O)O",
+        "CCN(CC)CC",
+        "C",
+        "CC(C)Cc1ccc(cc1)C(C)C(=O)O",
+        "c1ccc2ccccc2c1",
+        "O=C(O)c1ccccc1O",
+        "CCOC(=O)c1ccccc1N",
+    ]
+    gen = rdFingerprintGenerator.GetMorganGenerator(radius=2, fpSize=2048)
+    fps = [gen.GetFingerprint(Chem.MolFromSmiles(s)) for s in smiles]
+    packed = morgan_packed(smiles)
+    assert packed.shape == (len(smiles), 32) and packed.dtype == np.uint64
+    got = tanimoto_matrix(packed)
+    want = np.array([DataStructs.BulkTanimotoSimilarity(fp, fps) for fp in fps])
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert not np.allclose(want, np.eye(len(smiles)))
+
+
+def test_tanimoto_of_empty_fingerprints_is_zero():
+    z = np.zeros((2, 32), dtype=np.uint64)
+    assert np.all(tanimoto_matrix(z) == 0.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    a=st.lists(st.text(alphabet="0123456789+-*/()", max_size=12), min_size=1, max_size=5),
+    b=st.lists(st.text(alphabet="0123456789+-*/()", max_size=12), min_size=1, max_size=5),
+    k=st.integers(1, 4),
+)
+def test_jaccard_on_strings_matches_python_sets(a, b, k):
+    got = ShingleJaccardSimilarity(k).pairwise(a, b)
+    want = np.array([[_ref_jaccard(x, y, k) for y in b] for x in a])
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    a=st.lists(st.lists(st.integers(0, 200_000), max_size=10), min_size=1, max_size=5),
+    k=st.integers(1, 3),
+)
+def test_jaccard_on_token_sequences_matches_python_sets(a, k):
+    got = jaccard_matrix([shingle_ids(x, k) for x in a])
+    want = np.array([[_ref_jaccard(x, y, k) for y in a] for x in a])
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_shingle_ids_are_stable_and_sorted():
+    ids = shingle_ids("12+12", 2)
+    assert ids.tolist() == sorted(set(ids.tolist()))
+    assert ids.size == 3  # "12", "2+", "+1"
+    np.testing.assert_array_equal(ids, shingle_ids("12+12", 2))
+    with pytest.raises(ValueError, match="k"):
+        shingle_ids("abc", 0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rounds=st.integers(1, 5))
+def test_cache_equals_recomputation_and_computes_only_new_pairs(seed, rounds):
+    rng = np.random.default_rng(seed)
+    universe = pack_bits(rng.random((40, 100)) < 0.2)
+    backend = TanimotoSimilarity()
+    cache = SimilarityCache(backend)
+    previous: set[int] = set()
+    for _ in range(rounds):
+        keys = [int(i) for i in rng.choice(40, size=int(rng.integers(1, 15)), replace=False)]
+        before = cache.pairs_computed
+        got = cache.matrix(keys, [universe[i] for i in keys])
+        want = tanimoto_matrix(universe[keys])
+        np.testing.assert_array_equal(got, want)
+        n_new = sum(k not in previous for k in keys)
+        assert cache.pairs_computed - before == n_new * len(keys)
+        previous = set(keys)
+
+
+def test_cache_rejects_bad_input():
+    cache = SimilarityCache(ShingleJaccardSimilarity())
+    with pytest.raises(ValueError, match="unique"):
+        cache.matrix(["a", "a"], ["x", "y"])
+    with pytest.raises(ValueError, match="differ in length"):
+        cache.matrix(["a"], ["x", "y"])
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    a=st.lists(st.integers(0, 5), max_size=12),
+    others=st.lists(st.lists(st.integers(0, 5), max_size=12), min_size=1, max_size=4),
+)
+def test_edit_distance_matches_reference(a, others):
+    assert edit_distance(a, others[0]) == _ref_levenshtein(a, others[0])
+    np.testing.assert_array_equal(
+        edit_distances(a, others), [_ref_levenshtein(a, o) for o in others]
+    )

@@ -1,0 +1,261 @@
+"""SubM greedy selection: objective properties, greedy guarantees, gating and bad inputs.
+
+References are written here in plain float64 Python: ``_f`` evaluates the objective from its
+definition and ``_greedy_ref`` is the textbook greedy loop over that definition.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from raptb.core.subm import power_bin_alpha, subm_select, subm_value, validity_pool
+
+
+def _instance(seed: int, n: int, n_bins: int = 3, static_scale: float = 1.0):
+    rng = np.random.default_rng(seed)
+    x = rng.random((n, 4))
+    d = np.linalg.norm(x[:, None] - x[None], axis=-1)
+    sim = np.exp(-2.0 * d).astype(np.float32)  # symmetric, in (0, 1], diag 1
+    static = static_scale * rng.random(n)
+    bins = rng.integers(0, n_bins, n)
+    alpha = rng.random(n_bins) + 0.1
+    return sim, static, bins, alpha
+
+
+def _f(S, sim, static, bins, alpha, w_div, w_len) -> float:
+    S = list(S)
+    if not S:
+        return 0.0
+    s64 = sim.astype(np.float64)
+    fac = sum(max(s64[v, x] for x in S) for v in range(sim.shape[0]))
+    counts = {}
+    for x in S:
+        counts[bins[x]] = counts.get(bins[x], 0) + 1
+    length = sum(alpha[b] * math.log(1 + c) for b, c in counts.items())
+    return sum(static[x] for x in S) + w_div * fac + w_len * length
+
+
+def _greedy_ref(sim, static, bins, alpha, budget, w_div, w_len) -> list[int]:
+    chosen: list[int] = []
+    while len(chosen) < budget:
+        base = _f(chosen, sim, static, bins, alpha, w_div, w_len)
+        gains = [
+            (_f([*chosen, x], sim, static, bins, alpha, w_div, w_len) - base, -x)
+            for x in range(sim.shape[0])
+            if x not in chosen
+        ]
+        if not gains:
+            break
+        g, neg_x = max(gains)
+        if g <= 0:
+            break
+        chosen.append(-neg_x)
+    return chosen
+
+
+weights = st.tuples(st.floats(0.0, 3.0), st.floats(0.0, 3.0))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(2, 9), w=weights)
+def test_objective_is_monotone_and_submodular(seed, n, w):
+    w_div, w_len = w
+    sim, static, bins, alpha = _instance(seed, n)
+    rng = np.random.default_rng(seed + 1)
+    big = [int(i) for i in np.flatnonzero(rng.random(n) < 0.6)]
+    small = [i for i in big if rng.random() < 0.5]
+    outside = [x for x in range(n) if x not in big]
+    assume(outside)
+    x = outside[0]
+
+    def f(S):
+        return subm_value(
+            np.array(S, dtype=int), sim, static, bins, w_div=w_div, w_len=w_len, bin_alpha=alpha
+        )
+
+    assert f(big) == pytest.approx(_f(big, sim, static, bins, alpha, w_div, w_len), abs=1e-9)
+    assert f(small) <= f(big) + 1e-9
+    assert f([*small, x]) - f(small) >= f([*big, x]) - f(big) - 1e-9
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(1, 40),
+    budget=st.integers(0, 45),
+    w=weights,
+)
+def test_standard_and_lazy_agree_and_return_distinct_indices(seed, n, budget, w):
+    sim, static, bins, alpha = _instance(seed, n)
+    kw = dict(w_div=w[0], w_len=w[1], bin_alpha=alpha)
+    std = subm_select(sim, static, bins, budget, method="standard", **kw)
+    lazy = subm_select(sim, static, bins, budget, method="lazy", **kw)
+    np.testing.assert_array_equal(std, lazy)
+    assert std.dtype == np.int64
+    assert len(set(std.tolist())) == len(std) <= min(budget, n)
+    # Positive static scores: every item has a positive gain, so the budget is used up.
+    assert len(std) == min(budget, n)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 9), budget=st.integers(1, 9), w=weights)
+def test_greedy_matches_textbook_loop(seed, n, budget, w):
+    sim, static, bins, alpha = _instance(seed, n, static_scale=2.0)
+    static = static - 1.0  # some negative statics exercise the stop rule
+    got = subm_select(sim, static, bins, budget, w_div=w[0], w_len=w[1], bin_alpha=alpha)
+    want = _greedy_ref(sim, static, bins, alpha, budget, w[0], w[1])
+    assert got.tolist() == want
+
+
+def test_ties_are_broken_by_lowest_index():
+    sim = np.eye(5, dtype=np.float32)
+    static = np.ones(5)
+    bins = np.zeros(5, dtype=int)
+    for method in ("standard", "lazy"):
+        got = subm_select(sim, static, bins, 3, w_len=0.0, method=method)
+        assert got.tolist() == [0, 1, 2]
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 10), budget=st.integers(1, 4), w=weights)
+def test_greedy_is_within_one_minus_inverse_e_of_brute_force(seed, n, budget, w):
+    sim, static, bins, alpha = _instance(seed, n)
+    kw = dict(w_div=w[0], w_len=w[1], bin_alpha=alpha)
+    best = max(
+        subm_value(np.array(S, dtype=int), sim, static, bins, **kw)
+        for k in range(min(budget, n) + 1)
+        for S in itertools.combinations(range(n), k)
+    )
+    for method in ("standard", "lazy"):
+        got = subm_value(
+            subm_select(sim, static, bins, budget, method=method, **kw), sim, static, bins, **kw
+        )
+        assert got >= (1 - 1 / math.e) * best - 1e-9
+
+
+def test_stops_when_no_candidate_has_positive_gain():
+    sim = np.eye(4, dtype=np.float32)
+    static = np.array([-0.5, -2.0, -0.2, -3.0])
+    bins = np.zeros(4, dtype=int)
+    # Gains: static + 1 (own coverage); only items 0 and 2 are positive.
+    for method in ("standard", "lazy"):
+        got = subm_select(sim, static, bins, 4, w_len=0.0, method=method)
+        assert got.tolist() == [2, 0]
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(5, 60), eps=st.floats(0.01, 0.9))
+def test_stochastic_greedy_is_seeded_distinct_and_near_lazy(seed, n, eps):
+    sim, static, bins, _ = _instance(seed, n)
+    budget = max(1, n // 3)
+    a = subm_select(
+        sim, static, bins, budget, method="stochastic", epsilon=eps, rng=np.random.default_rng(seed)
+    )
+    b = subm_select(
+        sim, static, bins, budget, method="stochastic", epsilon=eps, rng=np.random.default_rng(seed)
+    )
+    np.testing.assert_array_equal(a, b)
+    assert len(set(a.tolist())) == len(a) == budget
+    lazy = subm_select(sim, static, bins, budget)
+    f = lambda S: subm_value(S, sim, static, bins)  # noqa: E731
+    # Expected guarantee is (1 - 1/e - eps) of the optimum; lazy greedy's value bounds OPT from
+    # below, so a per-draw check against half of it is loose enough never to flake.
+    assert f(a) >= 0.5 * f(lazy)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    valid=st.lists(st.booleans(), min_size=1, max_size=30),
+    ratio=st.floats(0.0, 1.0),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_gating_keeps_valid_ratio_and_best_invalids(valid, ratio, seed):
+    valid = np.array(valid)
+    static = np.random.default_rng(seed).random(valid.size)
+    pool = validity_pool(valid, static, ratio)
+    n_valid = int(valid.sum())
+    assert set(np.flatnonzero(valid)) <= set(pool.tolist())
+    n_inv = pool.size - n_valid
+    if pool.size:
+        assert n_valid >= ratio * pool.size - 1e-12
+    # Maximal: one more invalid item would break the ratio (or none are left).
+    n_inv_total = int((~valid).sum())
+    assert n_inv == n_inv_total or n_valid < ratio * (pool.size + 1)
+    kept_inv = [i for i in pool if not valid[i]]
+    dropped = [i for i in range(valid.size) if not valid[i] and i not in kept_inv]
+    if kept_inv and dropped:
+        assert min(static[kept_inv]) >= max(static[dropped])
+
+
+def test_gated_selection_uses_only_the_pool():
+    rng = np.random.default_rng(0)
+    sim, static, bins, _ = _instance(0, 20)
+    valid = rng.random(20) < 0.5
+    got = subm_select(sim, static, bins, 20, valid=valid, gating_ratio=1.0)
+    assert set(got.tolist()) == set(np.flatnonzero(valid).tolist())
+    all_in = subm_select(sim, static, bins, 20, valid=valid, gating_ratio=0.0)
+    assert len(all_in) == 20
+    # The facility term of f is over the pool only.
+    pool = np.flatnonzero(valid)
+    sub = np.ix_(pool, pool)
+    expected = subm_value(np.arange(pool.size)[:3], sim[sub], static[pool], bins[pool])
+    got_value = subm_value(pool[:3], sim, static, bins, valid=valid, gating_ratio=1.0)
+    assert got_value == pytest.approx(expected)
+
+
+def test_bad_inputs_raise_clear_errors():
+    sim, static, bins, _ = _instance(0, 5)
+    with pytest.raises(ValueError, match="square"):
+        subm_select(sim[:, :4], static, bins, 2)
+    bad = sim.copy()
+    bad[1, 2] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        subm_select(bad, static, bins, 2)
+    bad = sim.copy()
+    bad[1, 2] = bad[2, 1] = 1.5
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        subm_select(bad, static, bins, 2)
+    bad = sim.copy()
+    bad[1, 2] = 0.0
+    with pytest.raises(ValueError, match="symmetric"):
+        subm_select(bad, static, bins, 2)
+    with pytest.raises(ValueError, match="budget"):
+        subm_select(sim, static, bins, -1)
+    with pytest.raises(ValueError, match="static"):
+        subm_select(sim, static[:4], bins, 2)
+    with pytest.raises(ValueError, match="static"):
+        subm_select(sim, np.array([0, 1, np.nan, 0, 0]), bins, 2)
+    with pytest.raises(ValueError, match="length_bin"):
+        subm_select(sim, static, bins[:3], 2)
+    with pytest.raises(ValueError, match="length_bin"):
+        subm_select(sim, static, -bins - 1, 2)
+    with pytest.raises(ValueError, match="valid"):
+        subm_select(sim, static, bins, 2, valid=np.ones(4, dtype=bool))
+    with pytest.raises(ValueError, match="w_div"):
+        subm_select(sim, static, bins, 2, w_div=-1.0)
+    with pytest.raises(ValueError, match="bin_alpha"):
+        subm_select(sim, static, bins, 2, bin_alpha=np.ones(1))
+    with pytest.raises(ValueError, match="gating_ratio"):
+        subm_select(sim, static, bins, 2, valid=np.ones(5, dtype=bool), gating_ratio=1.5)
+    with pytest.raises(ValueError, match="method"):
+        subm_select(sim, static, bins, 2, method="fast")
+    with pytest.raises(ValueError, match="rng"):
+        subm_select(sim, static, bins, 2, method="stochastic")
+    with pytest.raises(ValueError, match="epsilon"):
+        subm_select(
+            sim, static, bins, 2, method="stochastic", epsilon=0.0, rng=np.random.default_rng(0)
+        )
+    with pytest.raises(ValueError, match="distinct"):
+        subm_value(np.array([1, 1]), sim, static, bins)
+
+
+def test_power_bin_alpha():
+    np.testing.assert_allclose(power_bin_alpha(4, 2.0), [1 / 16, 4 / 16, 9 / 16, 1.0])
+    with pytest.raises(ValueError, match="n_bins"):
+        power_bin_alpha(0)
