@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import typer
 
+from raptb.app.bench import subm as bench_subm
 from raptb.app.enumerate import enumerate_command
+from raptb.app.evaluate import eval_command
+from raptb.app.train_command import train_command
 
 app = typer.Typer(
     name="raptb",
@@ -17,9 +20,16 @@ app = typer.Typer(
 )
 bench_app = typer.Typer(help="Micro-benchmarks of the hot paths.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+bench_app.command("subm")(bench_subm)
+app.command("train")(train_command)
 app.command("enumerate")(enumerate_command)
+app.command("eval")(eval_command)
 
 
 def main() -> None:
     """Console-script entry point."""
+    # raptb draws its own progress bars; transformers' per-file bars would interleave with them
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     app()

@@ -22,10 +22,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from raptb.core.batch import PrefixBatch  # noqa: E402
-from raptb.core.objectives import OBJECTIVES, objective_by_name  # noqa: E402
-from tests.core import reference as ref  # noqa: E402
-from tests.core.test_objectives import make_batch  # noqa: E402
+from raptb.core.batch import PrefixBatch
+from raptb.core.objectives import OBJECTIVES, objective_by_name
+from tests.core import reference as ref
+from tests.core.test_objectives import make_batch
 
 REFERENCES = {
     "tb": lambda d: ref.tb(d, 0.1),
@@ -81,7 +81,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(
-        f"# torch {torch.__version__}, {args.threads} thread(s), {platform.processor() or platform.machine()}",
+        f"# torch {torch.__version__}, {args.threads} thread(s), "
+        f"{platform.processor() or platform.machine()}",
         file=sys.stderr,
     )
     header = "| objective | T | torch fwd+bwd (ms) | reference fwd (ms) | speed-up |"

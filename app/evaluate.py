@@ -1,0 +1,348 @@
+"""``raptb eval RUN_DIR``: sample the trained policy, score the samples, write metrics and plots.
+
+Protocol (metrics.md): N i.i.d. samples from the run's latest checkpoint at temperature 1 with the
+training constraints (the task's legal tokens, grammar and min/max length), drawn in chunks of
+``batch_size`` rows with one ``torch.Generator`` seeded by ``seed``. The same checkpoint, seed,
+N and batch size give the same samples; a different batch size gives a different (equally valid)
+draw, because rows of a chunk share the generator in lock step.
+
+Outputs under ``RUN_DIR/eval/``:
+
+    samples.jsonl   one object per sample: prompt, text, tokens (ids before the stop), length
+                    (tau), valid (the text parses), score (S(x)), log_pterm_stop
+                    (= log_pterm[tau]), and per step log_pf [tau], log_pterm [tau+1] (raw,
+                    untempered model log-probs) and u [tau+1] (the task part lambda * S of the
+                    per-prefix log-reward; the reference term kappa * log P_ref is not
+                    recomputed), so every metric can be recomputed offline
+    metrics.json    ``expr24_metrics`` of the samples against the enumerated Y* (SMILES:
+                    ``smiles_metrics``, with ``molecule`` and ``canonical`` added to each
+                    sample), plus an
+                    ``eval`` entry saying which checkpoint, seed and batch size produced them
+    *.png           length histogram of correct samples, prefix diagnostics by depth, score by
+                    length, and training curves when the run has a ``metrics.jsonl``
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import torch
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from raptb.adapters.expr24 import MAX_ENUMERABLE_LENGTH, enumerate_solutions
+from raptb.adapters.lora import is_adapter_folder
+from raptb.adapters.policy import HFPolicy
+from raptb.adapters.smiles import SmilesTask
+from raptb.app.checkpoint import PREFIX, latest_checkpoint
+from raptb.app.config import ConfigError, TrainConfig, load_config
+from raptb.app.plots import (
+    plot_length_histogram,
+    plot_metric_by_length,
+    plot_prefix_diagnostics,
+    plot_score_by_length,
+    plot_training_curves,
+)
+from raptb.app.runtime import PrefixScorer, build_policy, build_task, is_success
+from raptb.core.metrics import expr24_metrics, smiles_metrics
+from raptb.core.ports import Score, Task
+
+EVAL_DIR = "eval"
+SAMPLES_FILE = "samples.jsonl"
+METRICS_FILE = "metrics.json"
+DEFAULT_BATCH_SIZE = 256
+HEADLINE = (
+    "acc",
+    "unique",
+    "cov_count",
+    "norm_cov",
+    "kl_pi_p",
+    "kl_p_pi",
+    "js_tok",
+    "log_pterm",
+    "len_mean",
+    "entropy",
+)
+SMILES_HEADLINE = (
+    "acc",
+    "score",
+    "entropy",
+    "fp_div",
+    "macro_fp",
+    "len_mean",
+    "uniq_str",
+    "uniq_mol",
+    "log_pterm",
+)
+
+
+class EvalError(ValueError):
+    """Evaluation cannot start (bad run directory or argument); the message is one line."""
+
+
+def eval_dir(run_dir: Path) -> Path:
+    """Folder the evaluation of ``run_dir`` writes to."""
+    return Path(run_dir) / EVAL_DIR
+
+
+def _load_run(run_dir: Path) -> tuple[TrainConfig, Path]:
+    """The run's configuration and its latest checkpoint folder, or a one-line EvalError."""
+    if not run_dir.is_dir():
+        raise EvalError(f"run_dir: {run_dir} is not a directory")
+    config_path = run_dir / "config.toml"
+    if not config_path.is_file():
+        raise EvalError(f"run_dir: {run_dir} has no config.toml (not a run directory)")
+    config = load_config(config_path)
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        raise EvalError(f"run_dir: {run_dir} has no checkpoint under checkpoints/ (train first)")
+    if not (checkpoint / "model").is_dir():
+        raise EvalError(f"checkpoint: {checkpoint} has no model/ folder")
+    return config, checkpoint
+
+
+def _progress(enabled: bool) -> Progress:
+    # stderr, so that ``--json`` keeps stdout for the metrics alone
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        disable=not enabled,
+    )
+
+
+def _sample_rows(
+    policy: HFPolicy,
+    task: Task,
+    scorer: PrefixScorer,
+    *,
+    samples: int,
+    seed: int,
+    batch_size: int,
+    progress: bool,
+) -> list[dict[str, Any]]:
+    """Draw and score ``samples`` trajectories; one JSON-ready dict per sample."""
+    generator = torch.Generator(device=policy.device).manual_seed(seed)
+    prompts = task.prompts()
+    rows: list[dict[str, Any]] = []
+    hits = 0
+    with _progress(progress) as bar:
+        job = bar.add_task("sampling", total=samples)
+        for chunk, start in enumerate(range(0, samples, batch_size)):
+            prompt = prompts[chunk % len(prompts)]
+            rollout = policy.sample(
+                prompt,
+                min(batch_size, samples - start),
+                min_length=task.min_length,
+                max_length=task.max_length,
+                temperature=1.0,
+                generator=generator,
+            )
+            columns = zip(
+                rollout.tokens.tolist(),
+                rollout.length.tolist(),
+                rollout.log_pf.tolist(),
+                rollout.log_pterm.tolist(),
+                rollout.texts,
+                strict=True,
+            )
+            for tokens, tau, log_pf, log_pterm, text in columns:
+                prefix_scores = [scorer.score_text(prompt, t) for t in scorer.texts(tokens[:tau])]
+                score = prefix_scores[-1]  # the full prefix is the sample's text
+                hits += is_success(task, score)
+                rows.append(
+                    {
+                        "prompt": prompt,
+                        "text": text,
+                        "tokens": tokens[:tau],
+                        "length": tau,
+                        "valid": score.valid,
+                        "score": score.value,
+                        "log_pterm_stop": log_pterm[tau],
+                        "log_pf": log_pf[:tau],
+                        "log_pterm": log_pterm[: tau + 1],
+                        "u": [scorer.reward_scale * s.value for s in prefix_scores],
+                    }
+                )
+            bar.update(
+                job, completed=len(rows), description=f"sampling (acc {hits / len(rows):.3f})"
+            )
+    return rows
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Write via a temporary sibling and rename, so an interrupted run leaves no torn file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _write_plots(
+    run_dir: Path, out: Path, task: Task, rows: list[dict[str, Any]], metrics: dict[str, Any]
+) -> None:
+    correct_lengths = [r["length"] for r in rows if is_success(task, Score(r["score"], r["valid"]))]
+    plot_length_histogram(
+        correct_lengths, out / "length_histogram.png", title="Correct samples by length"
+    )
+    plot_prefix_diagnostics(metrics["prefix"], out / "prefix_diagnostics.png")
+    plot_score_by_length(
+        [r["length"] for r in rows], [r["score"] for r in rows], out / "score_by_length.png"
+    )
+    if "by_length" in metrics:
+        plot_metric_by_length(
+            metrics["by_length"], "fp_div", out / "fp_div_by_length.png", title="FPDiv by length"
+        )
+    log = run_dir / "metrics.jsonl"
+    if log.is_file():
+        plot_training_curves(log, out / "training_curves.png")
+
+
+def evaluate(
+    run_dir: Path,
+    *,
+    samples: int | None = None,
+    seed: int = 0,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Evaluate the latest checkpoint of ``run_dir``; write samples, metrics and plots.
+
+    samples: N, default the run's ``eval_samples``. Returns the dict written to metrics.json.
+    When the run's config sets ``threads``, torch's (process-wide) thread count is set to it.
+
+    Raises:
+        EvalError: ``run_dir`` is not a run directory, has no checkpoint, the checkpoint cannot
+            be loaded, or ``samples``/``batch_size`` < 1.
+        ConfigError: the run's config.toml is invalid.
+    """
+    run_dir = Path(run_dir)
+    if samples is not None and samples < 1:
+        raise EvalError(f"samples: must be >= 1, got {samples}")
+    if batch_size < 1:
+        raise EvalError(f"batch_size: must be >= 1, got {batch_size}")
+    config, checkpoint = _load_run(run_dir)
+    if config.threads is not None:
+        # the run's own thread setting: on a few shared cores a small model samples several times
+        # faster on one thread than on all of them
+        torch.set_num_threads(config.threads)
+    task = build_task(config.task, config.smiles)
+    try:
+        if is_adapter_folder(checkpoint / "model"):
+            # a LoRA checkpoint holds the adapter only: rebuild the base, then load it
+            policy = build_policy(
+                config.model, task, config.seed, lora=config.lora, adapter=checkpoint / "model"
+            )
+        else:
+            policy = build_policy(str(checkpoint / "model"), task, config.seed)
+    except ValueError as exc:
+        raise EvalError(f"checkpoint: {checkpoint}: {exc}") from exc
+    scorer = PrefixScorer(task, policy, config.reward.reward_scale)
+    n = config.eval_samples if samples is None else samples
+    rows = _sample_rows(
+        policy, task, scorer, samples=n, seed=seed, batch_size=batch_size, progress=progress
+    )
+
+    if isinstance(task, SmilesTask):
+        metrics = _smiles_metrics(task, rows)
+    else:
+        metrics = expr24_metrics(rows, enumerate_solutions(MAX_ENUMERABLE_LENGTH))
+    metrics["eval"] = {
+        "task": task.name,
+        "checkpoint": checkpoint.name,
+        "step": int(checkpoint.name[len(PREFIX) :]),
+        "model": config.model,
+        "seed": seed,
+        "batch_size": batch_size,
+        "temperature": 1.0,
+    }
+    out = eval_dir(run_dir)
+    out.mkdir(exist_ok=True)
+    _write_text(out / SAMPLES_FILE, "".join(json.dumps(r) + "\n" for r in rows))
+    _write_text(out / METRICS_FILE, json.dumps(metrics, indent=2) + "\n")
+    _write_plots(run_dir, out, task, rows, metrics)
+    return metrics
+
+
+def _smiles_metrics(task: SmilesTask, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``smiles_metrics`` of the rows, after adding each row's merged ``molecule`` and its
+    ``canonical`` SMILES (None when invalid)."""
+    described = [task.item_features(r["prompt"], r["text"]) for r in rows]
+    for row, item in zip(rows, described, strict=True):
+        row["molecule"] = task.merge(row["prompt"], row["text"])
+        row["canonical"] = item.canonical
+    fingerprints = np.stack([item.features for item in described])
+    return smiles_metrics(rows, fingerprints, max_depth=task.max_length)
+
+
+def _print_summary(metrics: dict[str, Any], out: Path) -> None:
+    table = Table(title=f"Evaluation of {metrics['eval']['checkpoint']} (N={metrics['n_samples']})")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in SMILES_HEADLINE if metrics["eval"].get("task") == "smiles" else HEADLINE:
+        value = metrics[key]
+        table.add_row(key, f"{value:,}" if isinstance(value, int) else f"{value:.4f}")
+    console = Console()
+    console.print(table)
+    if "by_length" in metrics:
+        lengths = Table(title="Valid samples by length")
+        for column in ("length", "count", "frac", "score", "fp_div", "uniq_mol"):
+            lengths.add_column(column, justify="right")
+        for n, cells in metrics["by_length"].items():
+            lengths.add_row(
+                n,
+                f"{cells['count']:,}",
+                f"{cells['frac']:.3f}",
+                f"{cells['score']:.4f}",
+                f"{cells['fp_div']:.4f}",
+                f"{cells['uniq_mol']:,}",
+            )
+        console.print(lengths)
+    console.print(f"wrote {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")
+
+
+def eval_command(
+    run_dir: Annotated[
+        Path, typer.Argument(help="Run directory (holds config.toml and checkpoints/).")
+    ],
+    samples: Annotated[
+        int | None,
+        typer.Option(help="Number of samples N. Default: the run's eval_samples (6400)."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the sampling generator.")] = 0,
+    batch_size: Annotated[
+        int, typer.Option(help="Rows sampled in lock step per chunk (changes the draw).")
+    ] = DEFAULT_BATCH_SIZE,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="Print metrics.json to stdout instead of a table.")
+    ] = False,
+) -> None:
+    """Sample the run's latest checkpoint at temperature 1; write samples, metrics and plots.
+
+    Outputs go to RUN_DIR/eval/: samples.jsonl, metrics.json and PNG plots.
+    """
+    try:
+        metrics = evaluate(run_dir, samples=samples, seed=seed, batch_size=batch_size)
+    except (EvalError, ConfigError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    out = eval_dir(run_dir)
+    if json_output:
+        typer.echo((out / METRICS_FILE).read_text(encoding="utf-8"), nl=False)
+    else:
+        _print_summary(metrics, out)

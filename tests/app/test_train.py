@@ -1,0 +1,199 @@
+"""Training loop: smoke runs per objective and replay, resume equality, interrupts, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from raptb.app.checkpoint import list_checkpoints
+from raptb.app.cli import app
+from raptb.app.config import ConfigError, build_config
+from raptb.app.train import Trainer, TrainingError
+from raptb.core.objectives import OBJECTIVES
+
+SMALL = {"optim.batch_size": 8, "optim.grad_accum": 2, "threads": 1, "checkpoint_every": 2}
+
+
+def small_config(**over):
+    return build_config(overrides={**SMALL, **over})
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def weights(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.policy.model.state_dict().items()}
+
+
+def changed(before: dict[str, torch.Tensor], trainer: Trainer) -> bool:
+    after = trainer.policy.model.state_dict()
+    return any(not torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("loss", sorted(OBJECTIVES))
+def test_every_objective_trains(tmp_path, loss):
+    trainer = Trainer(
+        small_config(loss=loss, steps=2, **{"replay.kind": "rp"}), tmp_path, progress=False
+    )
+    before = weights(trainer)
+    result = trainer.train()
+    assert result.step == 2 and not result.interrupted
+    logged = records(tmp_path)
+    assert [r["step"] for r in logged] == [1, 2]
+    assert all(math.isfinite(r["loss"]) for r in logged)
+    assert changed(before, trainer)
+
+
+@pytest.mark.parametrize("replay", ["none", "rp", "prt", "subm", "oracle"])
+def test_every_replay_trains(tmp_path, replay):
+    cfg = small_config(steps=3, **{"replay.kind": replay, "replay.p_replay": (0.9, 0.9)})
+    trainer = Trainer(cfg, tmp_path, progress=False)
+    before = weights(trainer)
+    trainer.train()
+    logged = records(tmp_path)
+    assert all(math.isfinite(r["loss"]) for r in logged)
+    assert changed(before, trainer)
+    if replay == "none":
+        assert all(r["replay_frac"] == 0 for r in logged) and trainer.buffer is None
+    else:
+        assert len(trainer.buffer) > 0
+        assert any(r["replay_frac"] > 0 for r in logged)  # 0.9 replay after the first fill
+
+
+def test_oracle_buffer_holds_the_enumerated_solutions(tmp_path):
+    trainer = Trainer(small_config(steps=1, **{"replay.kind": "oracle"}), tmp_path, progress=False)
+    assert len(trainer.buffer) == 75_445
+    item = trainer.buffer.sample(1, trainer.rng)[0]
+    assert item.u[-1] == 50.0 and item.valid
+
+
+def test_log_z_has_its_own_float32_group(tmp_path):
+    trainer = Trainer(small_config(steps=1, **{"optim.log_z_lr": 0.5}), tmp_path, progress=False)
+    groups = trainer.optimizer.param_groups
+    assert groups[1]["params"] == [trainer.log_z] and groups[1]["lr"] == 0.5
+    assert trainer.log_z.dtype == torch.float32
+    start = float(trainer.log_z)
+    trainer.train()
+    assert float(trainer.log_z) != start
+
+
+@pytest.mark.parametrize("replay", ["subm", "prt"])
+def test_resume_equals_uninterrupted_run(tmp_path, replay):
+    cfg = small_config(steps=4, **{"replay.kind": replay})
+    straight = Trainer(cfg, tmp_path / "a", progress=False)
+    straight.train()
+
+    first = Trainer(cfg, tmp_path / "b", progress=False)
+    assert first.train(stop_at=2).step == 2
+    resumed = Trainer(cfg, tmp_path / "b", resume=True, progress=False)
+    assert resumed.step == 2
+    resumed.train()
+
+    a, b = straight.policy.model.state_dict(), resumed.policy.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(straight.log_z.detach(), resumed.log_z.detach())
+    drop = ("seconds",)
+    ra = [{k: v for k, v in r.items() if k not in drop} for r in records(tmp_path / "a")]
+    rb = [{k: v for k, v in r.items() if k not in drop} for r in records(tmp_path / "b")]
+    assert ra == rb
+    assert [it.tokens for it in straight.buffer.items()] == [
+        it.tokens for it in resumed.buffer.items()
+    ]
+
+
+def test_checkpoints_are_pruned_and_complete(tmp_path):
+    trainer = Trainer(small_config(steps=6, keep_checkpoints=2), tmp_path, progress=False)
+    trainer.train()
+    kept = list_checkpoints(tmp_path)
+    assert [p.name for p in kept] == ["step-000004", "step-000006"]
+    for folder in kept:
+        assert {"model", "trainer.pt", "state.json", "arrays.npz"} <= {
+            p.name for p in folder.iterdir()
+        }
+        assert (folder / "model" / "model.safetensors").is_file()
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".tmp")]
+
+
+def test_ctrl_c_finishes_the_step_and_checkpoints(tmp_path, monkeypatch):
+    trainer = Trainer(small_config(steps=5, checkpoint_every=100), tmp_path, progress=False)
+    real = trainer._optimizer_step
+
+    def step_then_interrupt():
+        out = real()
+        os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(trainer, "_optimizer_step", step_then_interrupt)
+    result = trainer.train()
+    assert result.interrupted and result.step == 1
+    assert result.checkpoint is not None and result.checkpoint.name == "step-000001"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_non_finite_losses_are_skipped_then_stop(tmp_path, monkeypatch):
+    trainer = Trainer(small_config(steps=5, max_nonfinite=3), tmp_path, progress=False)
+    monkeypatch.setattr(trainer, "_micro_batch", lambda prompt: None)
+    with pytest.raises(TrainingError, match="3 consecutive steps had a non-finite loss"):
+        trainer.train()
+    assert trainer.step == 0 and trainer.nonfinite_total == 3
+
+
+def test_resume_without_checkpoint_is_an_error(tmp_path):
+    with pytest.raises(TrainingError, match="no checkpoint"):
+        Trainer(small_config(steps=1), tmp_path, resume=True, progress=False)
+
+
+def test_config_file_and_flags(tmp_path):
+    file = tmp_path / "c.toml"
+    file.write_text('loss = "tb"\nsteps = 7\n[optim]\nlr = 0.01\n')
+    cfg = build_config(file, {"steps": 9, "optim.batch_size": 4})
+    assert (cfg.loss, cfg.steps, cfg.optim.lr, cfg.optim.batch_size) == ("tb", 9, 0.01, 4)
+    assert "k_min" not in cfg.objective_kwargs() and cfg.objective_kwargs() == {}
+    assert cfg.model_copy(update={"loss": "raptb"}).objective_kwargs()["k_min"].start == 7
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("steps = 0\n", "steps"),
+        ("[optim]\nlr = -1.0\n", "optim.lr"),
+        ("[objective]\nalpha = 2.0\n", "objective.alpha"),
+        ('[replay]\nkind = "best"\n', "replay.kind"),
+        ("bogus = 1\n", "bogus"),
+        ("steps = [\n", "not valid TOML"),
+    ],
+)
+def test_config_errors_name_the_field(tmp_path, text, field):
+    file = tmp_path / "bad.toml"
+    file.write_text(text)
+    with pytest.raises(ConfigError, match=field) as info:
+        build_config(file)
+    assert "\n" not in str(info.value).strip()
+
+
+def test_cli_train_and_errors(tmp_path):
+    runner = CliRunner()
+    run = tmp_path / "run"
+    args = ["train", "--steps", "2", "--batch-size", "4", "--grad-accum", "1", "--out", str(run)]
+    ok = runner.invoke(app, [*args, "--no-progress", "--loss", "tb", "--replay", "rp"])
+    assert ok.exit_code == 0, ok.output
+    assert (run / "config.toml").is_file() and len(records(run)) == 2
+    again = runner.invoke(app, [*args, "--no-progress"])
+    assert again.exit_code == 2 and "already holds a run" in again.output
+    more = runner.invoke(
+        app, ["train", "--resume", "--out", str(run), "--steps", "3", "--no-progress"]
+    )
+    assert more.exit_code == 0, more.output
+    assert [r["step"] for r in records(run)] == [1, 2, 3]
+    bad = runner.invoke(app, ["train", "--loss", "nope", "--out", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "invalid config: loss" in bad.output
+    neg = runner.invoke(app, ["train", "--lr", "-1", "--out", str(tmp_path / "y")])
+    assert neg.exit_code == 2 and "optim.lr" in neg.output
