@@ -2,7 +2,8 @@
 
 A refresh is: similarity of the new items against the ground set (``SimilarityCache``; the
 stored B items are already cached) plus greedy selection of B items from |G| candidates.
-Selection methods timed: ``standard`` and ``lazy`` (Numba, ``raptb.core.subm``), ``numpy-lazy``
+Selection methods timed: ``standard`` and ``lazy`` (Numba, ``raptb.core.subm``; ``lazy`` also
+with ``check_symmetry=False``, the all-pairs symmetry check off), ``numpy-lazy``
 (a plain numpy + heapq lazy greedy of the same objective, the baseline) and apricot's
 ``FacilityLocationSelection`` (facility term only, precomputed similarity) when importable.
 
@@ -64,9 +65,12 @@ def numpy_lazy_greedy(
     n = sim.shape[0]
     msim = np.zeros(n, dtype=sim.dtype)
     counts = np.zeros(int(bins.max()) + 1)
+    buf = np.empty(n, dtype=sim.dtype)  # reused: no temporaries per evaluation
 
     def gain(x: int) -> float:
-        fac = float(np.maximum(sim[x] - msim, 0.0).sum())
+        np.subtract(sim[x], msim, out=buf)
+        np.maximum(buf, 0.0, out=buf)
+        fac = float(buf.sum())
         return float(static[x] + w_div * fac + w_len * np.log1p(1.0 / (counts[bins[x]] + 1.0)))
 
     heap = [(-gain(x), x, 0) for x in range(n)]
@@ -147,6 +151,11 @@ def bench_refresh(
         "selection_ms": {},
     }
     sel = record["selection_ms"]
+    subm_select(sim, static, bins, budget, w_len=w_len, check_symmetry=False)
+    sel["lazy-nocheck"] = _median_ms(
+        lambda: subm_select(sim, static, bins, budget, w_len=w_len, check_symmetry=False),
+        repeats,
+    )
     for method in ("lazy", "standard"):
         if method == "standard" and n > slow_limit:
             sel[method] = None
@@ -177,6 +186,7 @@ def bench_refresh(
     record["total_lazy_ms"] = record["similarity_ms"] + sel["lazy"]
     if sel.get("numpy-lazy"):
         record["lazy_speedup_vs_numpy"] = sel["numpy-lazy"] / sel["lazy"]
+        record["lazy_nocheck_speedup_vs_numpy"] = sel["numpy-lazy"] / sel["lazy-nocheck"]
     return record
 
 
@@ -208,11 +218,12 @@ def subm(
         typer.echo(json.dumps(result, indent=2))
         return
     header = (
-        "| |G| | B | similarity | sim ms | lazy ms | standard ms | numpy-lazy ms | "
-        "apricot first / warm ms | total (lazy) ms | lazy vs numpy |"
+        "| |G| | B | similarity | sim ms | lazy ms | lazy no-sym-check ms | standard ms | "
+        "numpy-lazy ms | apricot first / warm ms | total (lazy) ms | lazy vs numpy | "
+        "no-check vs numpy | same as numpy |"
     )
     typer.echo(header)
-    typer.echo("|" + "---|" * 10)
+    typer.echo("|" + "---|" * 13)
     for rec in records:
         s = rec["selection_ms"]
         apricot = (
@@ -221,9 +232,13 @@ def subm(
             else "n/a"
         )
         speed = rec.get("lazy_speedup_vs_numpy")
+        speed_nc = rec.get("lazy_nocheck_speedup_vs_numpy")
+        same = rec.get("numpy_lazy_same_selection")
         typer.echo(
             f"| {rec['n']} | {rec['budget']} | {rec['backend']} ({rec['data']}) | "
-            f"{rec['similarity_ms']:.3f} | {_fmt(s['lazy'])} | {_fmt(s['standard'])} | "
-            f"{_fmt(s['numpy-lazy'])} | {apricot} | {rec['total_lazy_ms']:.2f} | "
-            f"{'n/a' if speed is None else f'{speed:.1f}x'} |"
+            f"{rec['similarity_ms']:.3f} | {_fmt(s['lazy'])} | {_fmt(s['lazy-nocheck'])} | "
+            f"{_fmt(s['standard'])} | {_fmt(s['numpy-lazy'])} | {apricot} | "
+            f"{rec['total_lazy_ms']:.2f} | {'n/a' if speed is None else f'{speed:.1f}x'} | "
+            f"{'n/a' if speed_nc is None else f'{speed_nc:.1f}x'} | "
+            f"{'n/a' if same is None else ('yes' if same else 'no')} |"
         )

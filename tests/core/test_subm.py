@@ -1,7 +1,8 @@
 """SubM greedy selection: objective properties, greedy guarantees, gating and bad inputs.
 
-References are written here in plain float64 Python: ``_f`` evaluates the objective from its
-definition and ``_greedy_ref`` is the textbook greedy loop over that definition.
+Instances are put on the 2**-15 grid that ``subm_select`` and ``subm_value`` quantise to, so the
+references, written here in plain float64 Python, see the same similarity: ``_f`` evaluates the
+objective from its definition and ``_greedy_ref`` is the textbook greedy loop over it.
 """
 
 from __future__ import annotations
@@ -14,14 +15,23 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from raptb.core.subm import power_bin_alpha, subm_select, subm_value, validity_pool
+from raptb.core.subm import (
+    SCALE,
+    power_bin_alpha,
+    quantise_similarity,
+    subm_select,
+    subm_value,
+    validity_pool,
+)
 
 
 def _instance(seed: int, n: int, n_bins: int = 3, static_scale: float = 1.0):
     rng = np.random.default_rng(seed)
     x = rng.random((n, 4))
     d = np.linalg.norm(x[:, None] - x[None], axis=-1)
-    sim = np.exp(-2.0 * d).astype(np.float32)  # symmetric, in (0, 1], diag 1
+    sim = np.exp(-2.0 * d)  # symmetric, in (0, 1], diag 1
+    # On the 2**-15 grid the selection works on, so float64 references compare like with like.
+    sim = (np.round(sim * SCALE) / SCALE).astype(np.float32)
     static = static_scale * rng.random(n)
     bins = rng.integers(0, n_bins, n)
     alpha = rng.random(n_bins) + 0.1
@@ -259,3 +269,67 @@ def test_power_bin_alpha():
     np.testing.assert_allclose(power_bin_alpha(4, 2.0), [1 / 16, 4 / 16, 9 / 16, 1.0])
     with pytest.raises(ValueError, match="n_bins"):
         power_bin_alpha(0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 30))
+def test_quantisation_rounds_to_grid_and_is_idempotent_on_it(seed, n):
+    rng = np.random.default_rng(seed)
+    raw = rng.random((n, n)).astype(np.float32)
+    q = quantise_similarity(raw)
+    assert q.dtype == np.uint16
+    # Round half up (x * 2**15 is exact in float32, so halves do occur).
+    want = np.floor(raw.astype(np.float64) * SCALE + 0.5).astype(np.uint16)
+    np.testing.assert_array_equal(q, want)
+    grid = (q / SCALE).astype(np.float32)
+    np.testing.assert_array_equal(quantise_similarity(grid), q)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(2, 60), w=weights)
+def test_off_grid_input_selects_as_its_quantised_copy(seed, n, w):
+    rng = np.random.default_rng(seed)
+    x = rng.random((n, 3))
+    sim = np.exp(-3.0 * np.linalg.norm(x[:, None] - x[None], axis=-1)).astype(np.float32)
+    static = rng.random(n)
+    bins = rng.integers(0, 4, n)
+    grid = (quantise_similarity(sim) / SCALE).astype(np.float32)
+    kw = dict(w_div=w[0], w_len=w[1])
+    budget = max(1, n // 3)
+    for method in ("standard", "lazy"):
+        got = subm_select(sim, static, bins, budget, method=method, **kw)
+        np.testing.assert_array_equal(got, subm_select(grid, static, bins, budget, **kw))
+    sel = subm_select(sim, static, bins, budget, **kw)
+    assert subm_value(sel, sim, static, bins, **kw) == subm_value(sel, grid, static, bins, **kw)
+
+
+def test_clustered_instance_standard_equals_lazy_with_many_reevaluations():
+    # Scaffold-like clusters with many equal similarities: exact integer gains keep the two
+    # loops identical where float sums in different orders could differ.
+    rng = np.random.default_rng(3)
+    n = 400
+    cluster = rng.integers(0, 6, n)
+    sim = np.where(cluster[:, None] == cluster[None], 0.5, 0.02)
+    noise = rng.integers(0, 3, (n, n)) * 0.025
+    sim = np.minimum(sim + np.triu(noise, 1) + np.triu(noise, 1).T, 1.0)
+    np.fill_diagonal(sim, 1.0)
+    static = 1.0 + rng.normal(0.0, 0.5, n).clip(-0.9, None)
+    bins = rng.integers(0, 10, n)
+    std = subm_select(sim, static, bins, 50, method="standard")
+    lazy = subm_select(sim, static, bins, 50, method="lazy")
+    nocheck = subm_select(sim, static, bins, 50, check_symmetry=False)
+    np.testing.assert_array_equal(std, lazy)
+    np.testing.assert_array_equal(lazy, nocheck)
+
+
+def test_symmetry_tolerates_one_grid_step_only():
+    sim, static, bins, _ = _instance(1, 6)
+    near = sim.copy()
+    near[1, 2] = np.float32(sim[2, 1] + 1.0 / SCALE) if sim[2, 1] < 0.5 else sim[1, 2]
+    near[1, 2] = min(near[1, 2], np.float32(1.0))
+    subm_select(near, static, bins, 2)  # one step: accepted
+    far = sim.copy()
+    far[1, 2] = np.float32(sim[2, 1] + 3.0 / SCALE) if sim[2, 1] < 0.5 else sim[2, 1] - 0.25
+    with pytest.raises(ValueError, match="symmetric"):
+        subm_select(far, static, bins, 2)
+    subm_select(far, static, bins, 2, check_symmetry=False)  # the check can be turned off
