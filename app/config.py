@@ -87,9 +87,13 @@ class RewardConfig(_Section):
 
 
 class LoraConfig(_Section):
-    """LoRA adapters on the attention and MLP projections; ``rank=None`` trains every weight."""
+    """LoRA adapters on the attention and MLP projections; ``rank`` None or 0 trains every weight.
 
-    rank: Annotated[int, Field(ge=1)] | None = None
+    Pretrained models (any ``model`` but "tiny") default to the paper's rank 16 with lr 1e-4
+    (``PRETRAINED_PRESET``); pass rank 0 for full fine-tuning.
+    """
+
+    rank: Annotated[int, Field(ge=0)] | None = None
     alpha: Annotated[float, Field(gt=0)] = 16.0
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1
 
@@ -174,6 +178,11 @@ TASK_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# The paper fine-tunes pretrained models with LoRA rank 16 at lr 1e-4; the embedded "tiny" model is
+# trained from scratch, whole, at the larger default lr.
+PRETRAINED_PRESET: dict[str, Any] = {"lora": {"rank": 16}, "optim": {"lr": 1e-4}}
+
+
 def build_config(file: Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Read ``file`` (TOML) if given, apply ``overrides`` (dotted keys allowed), validate once.
 
@@ -197,6 +206,8 @@ def build_config(file: Path | None = None, overrides: dict[str, Any] | None = No
     task = data.get("task", "expr24")
     if isinstance(task, str):
         data = _merge(TASK_PRESETS.get(task, {}), data)
+    if data.get("model", "tiny") != "tiny":
+        data = _merge(PRETRAINED_PRESET, data)
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as exc:

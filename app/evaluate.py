@@ -263,7 +263,6 @@ def evaluate(
     else:
         metrics = expr24_metrics(rows, enumerate_solutions(MAX_ENUMERABLE_LENGTH))
     metrics["eval"] = {
-        "task": task.name,
         "checkpoint": checkpoint.name,
         "step": int(checkpoint.name[len(PREFIX) :]),
         "model": config.model,
@@ -294,7 +293,8 @@ def _print_summary(metrics: dict[str, Any], out: Path) -> None:
     table = Table(title=f"Evaluation of {metrics['eval']['checkpoint']} (N={metrics['n_samples']})")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for key in SMILES_HEADLINE if metrics["eval"].get("task") == "smiles" else HEADLINE:
+    # only SMILES metrics have a per-length table
+    for key in SMILES_HEADLINE if "by_length" in metrics else HEADLINE:
         value = metrics[key]
         table.add_row(key, f"{value:,}" if isinstance(value, int) else f"{value:.4f}")
     console = Console()

