@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-TaskName = Literal["expr24", "smiles"]
+TaskName = Literal["expr24", "smiles", "custom"]
 LossName = Literal["tb", "subtb", "raptb", "avg_prefix_tb", "root_subtb_logz", "vargrad"]
 ReplayName = Literal["none", "rp", "prt", "subm", "oracle"]
 Pair = tuple[float, float]
@@ -109,6 +109,20 @@ class SmilesConfig(_Section):
     """Let fragments use ring-closure digits (off: they would clash with the scaffold's rings)."""
 
 
+class CustomConfig(_Section):
+    """A user task (``task = "custom"``, adapters.custom): reward function by dotted path."""
+
+    reward: str | None = None
+    """``module:function`` taking (prompt, text) and returning a score (see adapters.custom)."""
+    alphabet: str | None = None
+    """Characters generated tokens may use; None allows every token."""
+    grammar_file: Path | None = None
+    """EBNF (xgrammar dialect) the generated text must follow; None: no grammar."""
+    min_length: Annotated[int, Field(ge=0)] = 1
+    max_length: Annotated[int, Field(ge=1)] = 20
+    prompts: list[str] = [""]
+
+
 class TrainConfig(_Section):
     task: TaskName = "expr24"
     loss: LossName = "raptb"
@@ -130,6 +144,13 @@ class TrainConfig(_Section):
     reward: RewardConfig = RewardConfig()
     lora: LoraConfig = LoraConfig()
     smiles: SmilesConfig = SmilesConfig()
+    custom: CustomConfig = CustomConfig()
+
+    @model_validator(mode="after")
+    def _custom_needs_reward(self) -> TrainConfig:
+        if self.task == "custom" and not self.custom.reward:
+            raise ValueError("task 'custom' needs custom.reward = 'module:function'")
+        return self
 
     @property
     def schedule_horizon(self) -> int:

@@ -57,7 +57,7 @@ from raptb.app.plots import (
     plot_training_curves,
 )
 from raptb.app.runtime import PrefixScorer, build_policy, build_task, is_success
-from raptb.core.metrics import expr24_metrics, smiles_metrics
+from raptb.core.metrics import expr24_metrics, sequence_metrics, smiles_metrics
 from raptb.core.ports import Score, Task
 
 EVAL_DIR = "eval"
@@ -241,7 +241,7 @@ def evaluate(
         # the run's own thread setting: on a few shared cores a small model samples several times
         # faster on one thread than on all of them
         torch.set_num_threads(config.threads)
-    task = build_task(config.task, config.smiles)
+    task = build_task(config)
     try:
         if is_adapter_folder(checkpoint / "model"):
             # a LoRA checkpoint holds the adapter only: rebuild the base, then load it
@@ -260,8 +260,10 @@ def evaluate(
 
     if isinstance(task, SmilesTask):
         metrics = _smiles_metrics(task, rows)
-    else:
+    elif task.name == "expr24":
         metrics = expr24_metrics(rows, enumerate_solutions(MAX_ENUMERABLE_LENGTH))
+    else:
+        metrics = sequence_metrics(rows, max_depth=task.max_length)
     metrics["eval"] = {
         "checkpoint": checkpoint.name,
         "step": int(checkpoint.name[len(PREFIX) :]),

@@ -19,25 +19,27 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from raptb.adapters.custom import CustomTask
 from raptb.adapters.expr24 import Expr24Task
 from raptb.adapters.lora import apply_lora, load_adapter_weights, preferred_dtype
 from raptb.adapters.models import load_model_and_tokenizer
 from raptb.adapters.policy import HFPolicy
 from raptb.adapters.smiles import DEFAULT_SCAFFOLD, SmilesTask, read_scaffolds
 from raptb.adapters.tokens import legal_token_ids, stop_token_id
-from raptb.app.config import LoraConfig, SmilesConfig
+from raptb.app.config import LoraConfig, TrainConfig
 from raptb.core.ports import Score, Task
 
-TASKS = ("expr24", "smiles")
+TASKS = ("expr24", "smiles", "custom")
 _log = logging.getLogger(__name__)
 
 
-def build_task(name: str, smiles: SmilesConfig | None = None) -> Task:
-    """The task ``name``; ``smiles`` holds the SMILES task's options (default: the paper's)."""
+def build_task(config: TrainConfig) -> Task:
+    """The run's task: ``config.task`` with its options (``config.smiles``, ``config.custom``)."""
+    name = config.task
     if name == "expr24":
         return Expr24Task()
     if name == "smiles":
-        options = smiles or SmilesConfig()
+        options = config.smiles
         scaffolds = (
             [DEFAULT_SCAFFOLD] if options.scaffolds is None else read_scaffolds(options.scaffolds)
         )
@@ -46,6 +48,17 @@ def build_task(name: str, smiles: SmilesConfig | None = None) -> Task:
             min_length=options.min_length,
             max_length=options.max_length,
             ring_closures=options.ring_closures,
+        )
+    if name == "custom":
+        custom = config.custom
+        assert custom.reward is not None  # TrainConfig validates this
+        return CustomTask.from_paths(
+            custom.reward,
+            alphabet=custom.alphabet,
+            grammar_file=custom.grammar_file,
+            min_length=custom.min_length,
+            max_length=custom.max_length,
+            prompts=custom.prompts,
         )
     raise ValueError(f"task: unknown task {name!r}; valid choices: {', '.join(TASKS)}")
 

@@ -97,7 +97,7 @@ class Trainer:
 
         random.seed(config.seed)
         torch.manual_seed(config.seed)
-        self.task = build_task(config.task, config.smiles)
+        self.task = build_task(config)
         self.policy = build_policy(config.model, self.task, config.seed, lora=config.lora)
         # with LoRA the reference is the same weights with the adapter disabled: no copy
         if config.reward.kappa > 0 and not is_peft_model(self.policy.model):

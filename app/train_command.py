@@ -22,7 +22,8 @@ def _fail(message: str) -> typer.Exit:
 
 def train_command(
     task: Annotated[
-        str | None, typer.Option(help="Task: expr24, smiles. (default: expr24)")
+        str | None,
+        typer.Option(help="Task: expr24, smiles, custom (needs --reward). (default: expr24)"),
     ] = None,
     loss: Annotated[
         str | None,
@@ -56,6 +57,13 @@ def train_command(
     resume: Annotated[
         bool, typer.Option(help="Continue the run in --out from its latest checkpoint.")
     ] = False,
+    reward: Annotated[
+        str | None,
+        typer.Option(
+            help="Custom task: reward function 'module:function' of (prompt, text); other "
+            "options (alphabet, grammar_file, min/max_length, prompts) go in [custom] of --config."
+        ),
+    ] = None,
     lr: Annotated[
         float | None,
         typer.Option(help="Policy learning rate. (default: 1e-3; 1e-4 for pretrained models)"),
@@ -98,6 +106,7 @@ def train_command(
         "loss": loss,
         "replay.kind": replay,
         "model": model,
+        "custom.reward": reward,
         "steps": steps,
         "seed": seed,
         "optim.lr": lr,

@@ -722,3 +722,40 @@ def smiles_metrics(
         "by_length": by_length,
         "prefix": prefix_diagnostics(valid_tokens, max_depth=max_depth).to_dict(),
     }
+
+
+def sequence_metrics(samples: Sequence[Mapping[str, Any]], max_depth: int) -> dict[str, Any]:
+    """Task-agnostic metrics of metrics.md for any task (custom tasks use these).
+
+    samples: mappings with ``tokens`` (before the stop), ``valid``, ``score`` and
+    ``log_pterm_stop``. Valid means the task called the text valid. Keys: n_samples, n_valid,
+    acc, score, unique, uniq_rate, entropy, entropy_by_length, len_mean, len50, len90, log_pterm,
+    log_pterm_by_length and prefix (depths 1..max_depth).
+    """
+    for field_name in ("tokens", "valid", "score", "log_pterm_stop"):
+        if samples and field_name not in samples[0]:
+            raise ValueError(f"sample is missing the field {field_name!r}")
+    valid = np.array([bool(s["valid"]) for s in samples], dtype=bool)
+    lengths = np.array([len(s["tokens"]) for s in samples], dtype=np.int64)
+    scores = np.array([float(s["score"]) for s in samples], dtype=np.float64)
+    log_pterm = np.array([float(s["log_pterm_stop"]) for s in samples], dtype=np.float64)
+    sequences = [tuple(s["tokens"]) for s in samples]
+    valid_tokens = [seq for seq, ok in zip(sequences, valid, strict=True) if ok]
+    return {
+        "n_samples": len(samples),
+        "n_valid": int(valid.sum()),
+        "acc": accuracy(valid),
+        "score": mean_score(scores, valid),
+        "unique": unique_count(sequences, valid),
+        "uniq_rate": unique_rate(sequences, valid),
+        "entropy": ragged_token_entropy(valid_tokens),
+        "entropy_by_length": {str(k): v for k, v in entropy_by_length(valid_tokens).items()},
+        "len_mean": mean_length(lengths, valid),
+        "len50": length_percentile(lengths, valid, 50.0),
+        "len90": length_percentile(lengths, valid, 90.0),
+        "log_pterm": mean_log_pterm(log_pterm),
+        "log_pterm_by_length": {
+            str(k): v for k, v in log_pterm_by_length(log_pterm, lengths).items()
+        },
+        "prefix": prefix_diagnostics(valid_tokens, max_depth=max_depth).to_dict(),
+    }

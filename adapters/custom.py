@@ -1,0 +1,106 @@
+"""User-defined tasks: a reward function named by dotted path, an alphabet, an optional grammar.
+
+A reward function takes ``(prompt, text)`` (the generated text, stop excluded) and returns either
+a float score S(text), a ``(score, valid)`` pair, or a ``raptb.core.ports.Score``. A float that
+is not finite counts as an invalid sample with score 0. The trainer scores every prefix with it
+(u_k = lambda * S(prefix_k)), so a function that only rewards complete texts should return 0 for
+incomplete ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from raptb.core.ports import Score
+
+RewardFn = Callable[[str, str], "float | tuple[float, bool] | Score"]
+
+
+def load_callable(path: str) -> RewardFn:
+    """Import ``package.module:function`` (the module must be importable, e.g. on PYTHONPATH)."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"custom.reward: expected 'module:function', got {path!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"custom.reward: cannot import module {module_name!r}: {exc}") from exc
+    target: object = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise ValueError(f"custom.reward: module {module_name!r} has no {attr!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ValueError(f"custom.reward: {path!r} is not callable")
+    return target  # type: ignore[return-value]
+
+
+def _as_score(out: object) -> Score:
+    if isinstance(out, Score):
+        return out
+    if isinstance(out, tuple) and len(out) == 2:
+        value, valid = float(out[0]), bool(out[1])
+    else:
+        value = float(out)  # type: ignore[arg-type]
+        valid = True
+    if not math.isfinite(value):
+        return Score(0.0, False)
+    return Score(value, valid)
+
+
+@dataclass
+class CustomTask:
+    """A task from a reward function (implements :class:`raptb.core.ports.Task`)."""
+
+    reward: RewardFn
+    alphabet: str | None = None
+    grammar: str | None = None
+    min_length: int = 1
+    max_length: int = 20
+    prompt_texts: Sequence[str] = ("",)
+    name: str = field(default="custom", init=False)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_length <= self.max_length:
+            raise ValueError(
+                f"custom.min_length/max_length: need 0 <= min <= max, got "
+                f"{self.min_length}, {self.max_length}"
+            )
+        if not self.prompt_texts:
+            raise ValueError("custom.prompts: give at least one prompt (it may be empty)")
+
+    @classmethod
+    def from_paths(
+        cls,
+        reward: str,
+        *,
+        alphabet: str | None = None,
+        grammar_file: Path | None = None,
+        min_length: int = 1,
+        max_length: int = 20,
+        prompts: Sequence[str] = ("",),
+    ) -> CustomTask:
+        grammar = None
+        if grammar_file is not None:
+            try:
+                grammar = Path(grammar_file).read_text()
+            except OSError as exc:
+                raise ValueError(f"custom.grammar_file: cannot read {grammar_file}: {exc}") from exc
+        return cls(
+            load_callable(reward),
+            alphabet=alphabet,
+            grammar=grammar,
+            min_length=min_length,
+            max_length=max_length,
+            prompt_texts=tuple(prompts),
+        )
+
+    def prompts(self) -> list[str]:
+        return list(self.prompt_texts)
+
+    def score(self, prompt: str, text: str) -> Score:
+        return _as_score(self.reward(prompt, text))
