@@ -43,7 +43,9 @@ class ObjectiveConfig(_Section):
     target: Literal["max", "soft", "mix"] = "mix"
     detach_pterm: bool = True
     absorb_eps: Annotated[float, Field(ge=0)] = 1e-6
-    subtb_lambda: Annotated[float, Field(gt=0)] = 1.0
+    subtb_lambda: Annotated[float, Field(gt=0)] | None = None
+    """Window/prefix weight base; None keeps each objective's default (SubTB family 0.9,
+    RapTB 1 = uniform)."""
 
     @model_validator(mode="after")
     def _k_min_positive(self) -> ObjectiveConfig:
@@ -128,7 +130,7 @@ class TrainConfig(_Section):
     loss: LossName = "raptb"
     model: str = "tiny"
     seed: int = 0
-    steps: Annotated[int, Field(ge=1)] = 600
+    steps: Annotated[int, Field(ge=1)] = 1500
     """Optimizer steps (each of ``grad_accum`` micro-batches)."""
     schedule_steps: Annotated[int, Field(ge=1)] | None = None
     checkpoint_every: Annotated[int, Field(ge=1)] = 100
@@ -164,7 +166,8 @@ class TrainConfig(_Section):
         values = self.objective.model_dump()
         start, end = values.pop("k_min")
         values["k_min"] = LinearSchedule(start, end, self.schedule_horizon, integer=True)
-        return {k: v for k, v in values.items() if k in objective_hyperparameters(self.loss)}
+        taken = objective_hyperparameters(self.loss)
+        return {k: v for k, v in values.items() if k in taken and v is not None}
 
 
 class ConfigError(ValueError):

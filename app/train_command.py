@@ -43,7 +43,7 @@ def train_command(
             "(default: tiny)"
         ),
     ] = None,
-    steps: Annotated[int | None, typer.Option(help="Optimizer steps. (default: 600)")] = None,
+    steps: Annotated[int | None, typer.Option(help="Optimizer steps. (default: 1500)")] = None,
     seed: Annotated[
         int | None, typer.Option(help="Seed for python, numpy, torch. (default: 0)")
     ] = None,

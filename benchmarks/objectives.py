@@ -29,10 +29,10 @@ from tests.core.test_objectives import make_batch
 
 REFERENCES = {
     "tb": lambda d: ref.tb(d, 0.1),
-    "subtb": lambda d: ref.subtb(d),
+    "subtb": lambda d: ref.subtb(d, 0.9),
     "raptb": lambda d: ref.raptb(d, 0.1, k_min=3)[0],
     "avg_prefix_tb": lambda d: ref.prefix_mean(d, 0.1),
-    "root_subtb_logz": lambda d: ref.prefix_mean(d, 0.1),
+    "root_subtb_logz": lambda d: ref.prefix_mean(d, 0.1, 0.9),
     "vargrad": lambda d: ref.vargrad(d),
 }
 HYPER = {"raptb": {"k_min": 3}}

@@ -9,7 +9,8 @@ per-trajectory loss and a dict of detached float diagnostics.
 
 - ``tb``: Delta_tau^2 (Malkin et al. 2022).
 - ``subtb``: LLM-form SubTB (Hu et al. 2024), windows 0 <= i < j <= tau with residual
-  eps_ij = Delta_j - Delta_i (logZ cancels) and weight lambda^(j-i-1).
+  eps_ij = Delta_j - Delta_i (logZ cancels) and weight lambda^(j-i-1) (default lambda 0.9, the
+  geometric window weight of Madan et al. 2023; the paper does not state its value).
   ``normalization="trajectory"`` (default, the paper's eq. msubtb_loss) averages within each
   trajectory and then over the batch; ``"batch"`` divides by the total weight of the whole batch
   as the paper's reference code does (long trajectories then dominate).
@@ -23,7 +24,8 @@ per-trajectory loss and a dict of detached float diagnostics.
 - ``avg_prefix_tb``: mean over k = 1..tau of Delta_k^2 (paper eq. avgprefixtb; logZ and raw stop
   rewards kept). The paper leaves tau = 0 undefined; there the only prefix, k = 0, is used.
 - ``root_subtb_logz``: weighted mean over k = 1..tau of Delta_k^2 with w_k = lambda^(k-1) (rooted
-  windows with a learned logZ, no absorption, no detach); tau = 0 uses k = 0 as above.
+  SubTB windows with a learned logZ, no absorption, no detach; lambda 0.9 as for SubTB, so it
+  differs from AvgPrefixTB, which it equals at lambda = 1); tau = 0 uses k = 0 as above.
 - ``vargrad``: logZ-free log-partition variance; logZ is estimated as minus the batch mean of the
   TB residual without logZ, and the loss is the batch variance of that residual. The ``log_z``
   argument is ignored (its estimate is reported in the diagnostics).
@@ -156,7 +158,7 @@ class SubTB(Objective):
     """LLM-form subtrajectory balance over all windows, weights lambda^(j-i-1)."""
 
     name: ClassVar[str] = "subtb"
-    subtb_lambda: float = 1.0
+    subtb_lambda: float = 0.9
     normalization: Literal["trajectory", "batch"] = "trajectory"
 
     def __post_init__(self) -> None:
@@ -298,7 +300,7 @@ class RootSubTBLogZ(_PrefixTBMean):
     """Rooted windows with a learned logZ (the paper's RootSubTBLogZ diagnostic baseline)."""
 
     name: ClassVar[str] = "root_subtb_logz"
-    subtb_lambda: float = 1.0
+    subtb_lambda: float = 0.9
 
     def __post_init__(self) -> None:
         _check_range("subtb_lambda", self.subtb_lambda, 0.0, math.inf, lo_open=True)

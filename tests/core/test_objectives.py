@@ -317,3 +317,15 @@ def test_every_objective_lists_its_hyperparameters():
         "subtb_lambda",
     )
     assert objective_hyperparameters("tb") == ()
+
+
+def test_defaults_of_the_subtb_family_and_their_difference_from_avg_prefix_tb():
+    d = make_batch(21, 6, 8)
+    assert close(objective_by_name("subtb")(np_batch(d), 0.0)[0], ref.subtb(d, 0.9))
+    root = objective_by_name("root_subtb_logz")(np_batch(d), 0.4)[0]
+    assert close(root, ref.prefix_mean(d, 0.4, 0.9))
+    assert not close(root, objective_by_name("avg_prefix_tb")(np_batch(d), 0.4)[0])
+    assert close(
+        objective_by_name("root_subtb_logz", subtb_lambda=1.0)(np_batch(d), 0.4)[0],
+        objective_by_name("avg_prefix_tb")(np_batch(d), 0.4)[0],
+    )
