@@ -190,7 +190,7 @@ class Trainer:
         n, max_len = cfg.optim.batch_size, self.task.max_length
         replay = (
             self.buffer is not None
-            and len(self.buffer) > 0
+            and prompt in self.buffer.prompts()
             and self.rng.random() < self.p_replay(step)
         )
         temperature = 1.0

@@ -197,3 +197,21 @@ def test_cli_train_and_errors(tmp_path):
     assert bad.exit_code == 2 and "invalid config: loss" in bad.output
     neg = runner.invoke(app, ["train", "--lr", "-1", "--out", str(tmp_path / "y")])
     assert neg.exit_code == 2 and "optim.lr" in neg.output
+
+
+def test_replay_falls_back_to_on_policy_for_a_prompt_without_items(tmp_path):
+    # Two prompts; the buffer fills for the first before the second is ever visited, so a replay
+    # draw for the second must sample on-policy instead of failing on an empty store.
+    scaffolds = tmp_path / "scaffolds.smi"
+    scaffolds.write_text("O=C1Nc2cc(*)ccc2N1\nc1ccc(*)cc1\n")
+    cfg = small_config(
+        task="smiles",
+        steps=2,
+        **{"smiles.scaffolds": str(scaffolds), "replay.kind": "rp", "replay.p_replay": (1.0, 1.0)},
+    )
+    trainer = Trainer(cfg, tmp_path / "run", progress=False)
+    trainer.train()
+    logged = records(tmp_path / "run")
+    assert len(logged) == 2 and all(math.isfinite(r["loss"]) for r in logged)
+    assert logged[0]["replay_frac"] == 0.0  # step 1: nothing stored for either prompt yet
+    assert logged[1]["replay_frac"] in (0.5, 1.0)
