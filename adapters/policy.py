@@ -89,6 +89,8 @@ class HFPolicy:
         ``raptb.adapters.tokens.legal_token_ids``); must not contain ``stop_id``.
     stop_id: the id of the stop action.
     grammar: EBNF (xgrammar dialect) the generated text must follow, or None.
+    grammar_threads: threads xgrammar fills the B rows' masks with; more pay off only when the
+        model step is fast (a GPU) and the legal vocabulary is large.
     """
 
     def __init__(
@@ -99,6 +101,7 @@ class HFPolicy:
         legal_ids: Sequence[int],
         stop_id: int,
         grammar: str | None = None,
+        grammar_threads: int = 1,
     ) -> None:
         vocab_size = int(model.get_output_embeddings().weight.shape[0])
         legal = [int(i) for i in legal_ids]
@@ -117,6 +120,9 @@ class HFPolicy:
         self.legal_ids = legal
         self.stop_id = int(stop_id)
         self.grammar = grammar
+        if grammar_threads < 1:
+            raise ValueError(f"grammar_threads: must be >= 1, got {grammar_threads}")
+        self.grammar_threads = int(grammar_threads)
         self.pad_id = self.stop_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
         self.texts = token_texts(tokenizer, legal)
         self._legal = torch.tensor(legal, dtype=torch.long)
@@ -133,7 +139,9 @@ class HFPolicy:
 
     def _grammar_batch(self, grammar: str, n: int) -> GrammarBatch:
         if n not in self._grammars:
-            self._grammars[n] = GrammarBatch(grammar, self.legal_ids, self.texts, n)
+            self._grammars[n] = GrammarBatch(
+                grammar, self.legal_ids, self.texts, n, max_threads=self.grammar_threads
+            )
         return self._grammars[n]
 
     def prompt_ids(self, prompt: str) -> list[int]:

@@ -12,6 +12,7 @@ reference model (only computed when kappa > 0).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,7 +100,17 @@ def build_policy(
         raise ValueError("adapter: loading adapter weights needs lora.rank")
     stop_id = stop_token_id(tokenizer)
     legal = legal_token_ids(tokenizer, task.alphabet, stop_id=stop_id)
-    return HFPolicy(model, tokenizer, legal_ids=legal, stop_id=stop_id, grammar=task.grammar)
+    # On a GPU the model step is fast and mask filling over a large legal vocabulary dominates
+    # the rollout unless it uses several CPU threads; on CPU one thread leaves the cores to torch.
+    threads = min(8, os.cpu_count() or 1) if device.type == "cuda" else 1
+    return HFPolicy(
+        model,
+        tokenizer,
+        legal_ids=legal,
+        stop_id=stop_id,
+        grammar=task.grammar,
+        grammar_threads=threads,
+    )
 
 
 @dataclass(frozen=True)

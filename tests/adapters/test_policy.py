@@ -149,6 +149,22 @@ def test_reproducible_under_generator_seed(policy: HFPolicy) -> None:
     assert not torch.equal(a.tokens, c.tokens)
 
 
+def test_grammar_threads_do_not_change_rollouts(policy: HFPolicy) -> None:
+    threaded = HFPolicy(
+        policy.model,
+        policy.tokenizer,
+        legal_ids=policy.legal_ids,
+        stop_id=policy.stop_id,
+        grammar=policy.grammar,
+        grammar_threads=2,
+    )
+    a = policy.sample(PROMPT, 16, min_length=3, max_length=9, generator=gen(3))
+    b = threaded.sample(PROMPT, 16, min_length=3, max_length=9, generator=gen(3))
+    assert torch.equal(a.tokens, b.tokens) and a.texts == b.texts
+    with pytest.raises(ValueError, match="grammar_threads"):
+        HFPolicy(policy.model, policy.tokenizer, legal_ids=[17], stop_id=95, grammar_threads=0)
+
+
 def first_token_frequencies(policy: HFPolicy, temperature: float, n: int) -> torch.Tensor:
     r = policy.sample("", n, min_length=1, max_length=1, temperature=temperature, generator=gen(9))
     digits = [policy.tokenizer.convert_tokens_to_ids(c) for c in "123456789"]
