@@ -23,6 +23,7 @@ import json
 import random
 import signal
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from raptb.app.checkpoint import latest_checkpoint, read_state, save_atomically,
 from raptb.app.config import TrainConfig, save_config
 from raptb.app.runtime import (
     PrefixScorer,
+    ScoredRows,
     build_policy,
     build_task,
     is_success,
@@ -159,17 +161,31 @@ class Trainer:
 
     def _make_items(self, prompt: str, rows: list[tuple[int, ...]]) -> list[ReplayItem]:
         scored = self.scorer.score_rows(prompt, rows, self.task.max_length)
+        return self._items(prompt, rows, scored, range(len(rows)))
+
+    def _items(
+        self,
+        prompt: str,
+        rows: list[tuple[int, ...]],
+        scored: ScoredRows,
+        indices: Iterable[int],
+    ) -> list[ReplayItem]:
+        """Replay items of ``rows[b]`` for b in ``indices``, with their task-only rewards as
+        log-rewards (the caller adds the reference term when kappa > 0)."""
         items = []
-        for b, tokens in enumerate(rows):
+        for b in indices:
+            tokens = rows[b]
+            text = self.scorer.texts(tokens)[-1]
             u = scored.u[b, : len(tokens) + 1]
             items.append(
                 ReplayItem(
                     prompt=prompt,
                     tokens=tokens,
-                    text=self.scorer.texts(tokens)[-1],
+                    text=text,
                     log_r=u,
                     u=u,
                     valid=scored.scores[b].valid,
+                    **self._item_extras(prompt, text),
                 )
             )
         return items
@@ -195,6 +211,7 @@ class Trainer:
         )
         temperature = 1.0
         new_items: list[ReplayItem] = []
+        policy_rows: list[int] = []
         hits = 0
         if replay:
             assert self.buffer is not None
@@ -231,18 +248,7 @@ class Trainer:
                     hits += 1
                     self.correct_seen.add(self.scorer.texts(rows[b])[-1])
             if self.buffer is not None and self.oracle is None:
-                new_items = [
-                    ReplayItem(
-                        prompt=prompt,
-                        tokens=rows[b],
-                        text=self.scorer.texts(rows[b])[-1],
-                        log_r=u[b, : len(rows[b]) + 1],
-                        u=u[b, : len(rows[b]) + 1],
-                        valid=scored.scores[b].valid,
-                        **self._item_extras(prompt, self.scorer.texts(rows[b])[-1]),
-                    )
-                    for b in policy_rows
-                ]
+                new_items = self._items(prompt, rows, scored, policy_rows)
 
         device = self.policy.device
         tokens = pad_rows(rows, max_len, self.policy.pad_id).to(device)
@@ -271,7 +277,7 @@ class Trainer:
         return _MicroStats(
             loss=float(loss.detach()),
             diagnostics=diagnostics,
-            on_policy=0 if replay else n,
+            on_policy=0 if replay else len(policy_rows),
             hits=hits,
             replayed=replay,
             temperature=temperature,

@@ -215,3 +215,18 @@ def test_replay_falls_back_to_on_policy_for_a_prompt_without_items(tmp_path):
     assert len(logged) == 2 and all(math.isfinite(r["loss"]) for r in logged)
     assert logged[0]["replay_frac"] == 0.0  # step 1: nothing stored for either prompt yet
     assert logged[1]["replay_frac"] in (0.5, 1.0)
+
+
+def test_oracle_rows_do_not_count_as_on_policy_samples(tmp_path):
+    # Every on-policy row replaced by an oracle solution: the policy sampled nothing, so the
+    # logged on-policy accuracy is undefined rather than a misleading 0 or 1.
+    over = {
+        "replay.kind": "oracle",
+        "replay.p_replay": (0.0, 0.0),
+        "replay.p_oracle": (1.0, 1.0),
+        "replay.oracle_fraction": 1.0,
+    }
+    trainer = Trainer(small_config(steps=2, **over), tmp_path, progress=False)
+    trainer.train()
+    assert [r["acc"] for r in records(tmp_path)] == [None, None]
+    assert trainer.correct_seen == set()
