@@ -494,7 +494,13 @@ def student_t_cdf(x: float, df: float) -> float:
     """CDF of Student's t with ``df`` degrees of freedom."""
     if df <= 0:
         raise ValueError(f"df must be > 0, got {df}")
-    tail = 0.5 * _regularised_incomplete_beta(df / 2.0, 0.5, df / (df + x * x))
+    x2 = x * x
+    if x2 < df:
+        # Near the centre use P(|T| < |x|) = I_{x^2/(df+x^2)}(1/2, df/2): the tail form below
+        # would evaluate I at df/(df+x^2) ~ 1 and lose all precision to cancellation.
+        central = 0.5 * _regularised_incomplete_beta(0.5, df / 2.0, x2 / (df + x2))
+        return 0.5 + central if x >= 0 else 0.5 - central
+    tail = 0.5 * _regularised_incomplete_beta(df / 2.0, 0.5, df / (df + x2))
     return 1.0 - tail if x >= 0 else tail
 
 

@@ -7,7 +7,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from raptb.core import metrics as m
@@ -307,8 +307,9 @@ def test_t_quantile_table_values(df: int, quantile: float) -> None:
     assert m.student_t_quantile(0.025, df) == pytest.approx(-quantile, rel=1e-9)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.floats(0.5, 200.0), st.floats(0.001, 0.999))
+@example(df=1.0, probability=0.5000000000000001)  # once lost to cancellation near the centre
 def test_t_quantile_matches_scipy(df: float, probability: float) -> None:
     stats = pytest.importorskip("scipy.stats")
     assert m.student_t_quantile(probability, df) == pytest.approx(
