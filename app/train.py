@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from transformers import AutoModelForCausalLM
 
 from raptb.adapters.expr24 import enumerate_solutions
@@ -372,7 +372,6 @@ class Trainer:
         return Progress(
             TextColumn("[bold]step[/] {task.completed}/{task.total}"),
             BarColumn(),
-            MofNCompleteColumn(),
             TextColumn(
                 "loss {task.fields[loss]} logZ {task.fields[log_z]} acc {task.fields[acc]} "
                 "correct {task.fields[unique_correct]}"
