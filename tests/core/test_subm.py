@@ -15,6 +15,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+import raptb.core.subm as subm_module
 from raptb.core.subm import (
     SCALE,
     power_bin_alpha,
@@ -333,3 +334,34 @@ def test_symmetry_tolerates_one_grid_step_only():
     with pytest.raises(ValueError, match="symmetric"):
         subm_select(far, static, bins, 2)
     subm_select(far, static, bins, 2, check_symmetry=False)  # the check can be turned off
+
+
+@pytest.mark.parametrize("batch_min_n", [0, 10**9])
+@pytest.mark.parametrize("clustered", [False, True])
+@pytest.mark.parametrize("w", [(1.0, 1.0), (0.0, 1.0), (2.0, 0.0)])
+def test_batched_lazy_and_fused_row_sums_equal_standard(monkeypatch, batch_min_n, clustered, w):
+    # Lazy re-evaluates up to four stale heap tops per pass (pools >= LAZY_BATCH_MIN_N, forced
+    # on and off here) and takes the initial gains from the row sums of the quantisation pass
+    # (full pool) or computes them (gated pool); every path, and w_div = 0 (no re-evaluation
+    # batches), must reproduce the standard loop exactly.
+    monkeypatch.setattr(subm_module, "LAZY_BATCH_MIN_N", batch_min_n)
+    rng = np.random.default_rng(11 + clustered)
+    n = 300
+    if clustered:
+        cluster = rng.integers(0, 5, n)
+        sim = np.where(cluster[:, None] == cluster[None], 0.5, 0.01)
+        noise = np.triu(rng.integers(0, 4, (n, n)) * 0.02, 1)
+        sim = np.minimum(sim + noise + noise.T, 1.0)
+    else:
+        sim = np.triu(rng.random((n, n)), 1)
+        sim = sim + sim.T
+    np.fill_diagonal(sim, 1.0)
+    static = 0.5 + rng.random(n)
+    bins = rng.integers(0, 7, n)
+    valid = rng.random(n) < 0.8
+    kw = dict(w_div=w[0], w_len=w[1])
+    for budget in (1, 7, 60, n):
+        for gate in ({}, dict(valid=valid, gating_ratio=0.9)):
+            std = subm_select(sim, static, bins, budget, method="standard", **kw, **gate)
+            lazy = subm_select(sim, static, bins, budget, method="lazy", **kw, **gate)
+            np.testing.assert_array_equal(std, lazy)
