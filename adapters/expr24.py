@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from raptb.core.ports import Score
+from raptb.core.ports import Score, check_length_bounds
 
 DIGITS = "123456789"
 OPERATORS = "+-*/"
@@ -140,12 +140,7 @@ class Expr24Task:
     _cache: dict[str, Score] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.min_length < 1:
-            raise ValueError(f"min_length must be >= 1, got {self.min_length}")
-        if self.max_length < self.min_length:
-            raise ValueError(
-                f"max_length must be >= min_length ({self.min_length}), got {self.max_length}"
-            )
+        check_length_bounds(self.min_length, self.max_length)
         self.grammar = expr24_grammar(self.min_length, self.max_length)
 
     def prompts(self) -> list[str]:

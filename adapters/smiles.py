@@ -38,7 +38,7 @@ from rdkit.Chem import QED
 from rdkit.rdBase import BlockLogs
 
 from raptb.adapters.chem_fp import morgan_packed
-from raptb.core.ports import Score
+from raptb.core.ports import Score, check_length_bounds
 
 DEFAULT_SCAFFOLD = "O=C1Nc2cc(*)ccc2N1"
 DEFAULT_PROMPT_TEMPLATE = "Scaffold: {scaffold}\nFragment:"
@@ -174,12 +174,7 @@ class SmilesTask:
     _molecules: dict[str, Chem.Mol | None] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.min_length < 1:
-            raise ValueError(f"min_length must be >= 1, got {self.min_length}")
-        if self.max_length < self.min_length:
-            raise ValueError(
-                f"max_length must be >= min_length ({self.min_length}), got {self.max_length}"
-            )
+        check_length_bounds(self.min_length, self.max_length)
         if "{scaffold}" not in self.prompt_template:
             raise ValueError("prompt_template: must contain the placeholder {scaffold}")
         if isinstance(self.scaffolds, str):

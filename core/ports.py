@@ -26,6 +26,14 @@ class Score:
     valid: bool
 
 
+def check_length_bounds(min_length: int, max_length: int) -> None:
+    """The shared validation of a task's generated-length bounds: 1 <= min_length <= max_length."""
+    if min_length < 1:
+        raise ValueError(f"min_length must be >= 1, got {min_length}")
+    if max_length < min_length:
+        raise ValueError(f"max_length must be >= min_length ({min_length}), got {max_length}")
+
+
 @runtime_checkable
 class Task(Protocol):
     """What may be generated for a prompt and how a generated text is scored.

@@ -242,6 +242,13 @@ def _before(keys: np.ndarray, ids: np.ndarray, i: int, j: int) -> bool:
 
 
 @nb.njit(cache=True)
+def _swap(keys: np.ndarray, ids: np.ndarray, stamp: np.ndarray, i: int, j: int) -> None:
+    keys[i], keys[j] = keys[j], keys[i]
+    ids[i], ids[j] = ids[j], ids[i]
+    stamp[i], stamp[j] = stamp[j], stamp[i]
+
+
+@nb.njit(cache=True)
 def _sift_down(keys: np.ndarray, ids: np.ndarray, stamp: np.ndarray, i: int, size: int) -> None:
     while True:
         left = 2 * i + 1
@@ -253,9 +260,7 @@ def _sift_down(keys: np.ndarray, ids: np.ndarray, stamp: np.ndarray, i: int, siz
             top = right
         if not _before(keys, ids, top, i):
             return
-        keys[i], keys[top] = keys[top], keys[i]
-        ids[i], ids[top] = ids[top], ids[i]
-        stamp[i], stamp[top] = stamp[top], stamp[i]
+        _swap(keys, ids, stamp, i, top)
         i = top
 
 
@@ -265,9 +270,7 @@ def _sift_up(keys: np.ndarray, ids: np.ndarray, stamp: np.ndarray, i: int) -> No
         parent = (i - 1) // 2
         if not _before(keys, ids, i, parent):
             return
-        keys[i], keys[parent] = keys[parent], keys[i]
-        ids[i], ids[parent] = ids[parent], ids[i]
-        stamp[i], stamp[parent] = stamp[parent], stamp[i]
+        _swap(keys, ids, stamp, i, parent)
         i = parent
 
 
