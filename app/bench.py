@@ -1,11 +1,14 @@
 """``raptb bench subm``: wall-clock cost of one SubM buffer refresh.
 
-A refresh is: similarity of the new items against the ground set (``SimilarityCache``; the
-stored B items are already cached) plus greedy selection of B items from |G| candidates.
-Selection methods timed: ``standard`` and ``lazy`` (Numba, ``raptb.core.subm``; ``lazy`` also
-with ``check_symmetry=False``, the all-pairs symmetry check off), ``numpy-lazy``
-(a plain numpy + heapq lazy greedy of the same objective, the baseline) and apricot's
-``FacilityLocationSelection`` (facility term only, precomputed similarity) when importable.
+A refresh is what the SubM buffer does: similarity of the new items against the ground set
+(``SimilarityCache.quantised``: the stored B items are already cached, the new x all block is
+computed, rounded to the 2**-15 grid and mirrored) plus greedy selection of B items from |G|
+candidates on that fixed-point matrix. Selection methods timed: ``standard`` and ``lazy``
+(Numba, ``raptb.core.subm``) on the fixed-point matrix; ``lazy`` also from the float32 form of
+the same matrix (the float entry point: rounding pass plus all-pairs symmetry check, and with
+``check_symmetry=False``); ``numpy-lazy`` (a plain numpy + heapq lazy greedy of the same
+objective on the float32 matrix, the baseline) and apricot's ``FacilityLocationSelection``
+(facility term only, precomputed similarity) when importable. All see the same grid values.
 
 Data: Morgan-like 2048-bit fingerprints, either scaffold-conditioned (one of 8 scaffolds of 30
 bits plus 15 random fragment bits, like the paper's SMILES task) or i.i.d. (45 random bits), and
@@ -31,7 +34,7 @@ from raptb.core.similarity import (
     TanimotoSimilarity,
     pack_bits,
 )
-from raptb.core.subm import subm_select
+from raptb.core.subm import QuantisedSimilarity, subm_select
 
 
 def morgan_like(n: int, rng: np.random.Generator, data: str) -> list[np.ndarray]:
@@ -134,51 +137,55 @@ def bench_refresh(
     bins = rng.integers(0, 10, n)
     w_len = 1.0
 
-    def refresh_similarity() -> np.ndarray:
+    def refresh_similarity() -> QuantisedSimilarity:
         cache = SimilarityCache(similarity)
-        cache.matrix(keys[:budget], feats[:budget])
+        cache.quantised(keys[:budget], feats[:budget])
         t0 = time.perf_counter()
-        sim = cache.matrix(keys, feats)
+        qs = cache.quantised(keys, feats)
         timings.append((time.perf_counter() - t0) * 1e3)
-        return sim
+        return qs
 
     timings: list[float] = []
-    sim = refresh_similarity()
+    qs = refresh_similarity()
     timings.clear()
     for _ in range(repeats):
-        sim = refresh_similarity()
+        qs = refresh_similarity()
+    # The float form of the same grid values: input of the float entry point, the numpy
+    # baseline and apricot, so every method selects on identical similarities.
+    sim = qs.to_float()
     record: dict[str, Any] = {
         "n": n,
         "budget": budget,
         "backend": backend,
         "data": data if backend == "tanimoto" else "expr24-strings",
         "similarity_ms": statistics.median(timings),
-        "similarity_matrix_MiB": sim.nbytes / 2**20,
+        "similarity_matrix_MiB": qs.values.nbytes / 2**20,
         "selection_ms": {},
     }
     sel = record["selection_ms"]
-    subm_select(sim, static, bins, budget, w_len=w_len, check_symmetry=False)
-    sel["lazy-nocheck"] = _median_ms(
-        lambda: subm_select(sim, static, bins, budget, w_len=w_len, check_symmetry=False),
-        repeats,
-    )
-    for method in ("lazy", "standard"):
-        if method == "standard" and n > slow_limit:
-            sel[method] = None
-            continue
-        subm_select(sim, static, bins, budget, w_len=w_len, method=method)
-        sel[method] = _median_ms(
-            lambda m=method: subm_select(sim, static, bins, budget, w_len=w_len, method=m),
-            repeats if method == "lazy" else slow,
-        )
+    variants: dict[str, Callable[[], object]] = {
+        "lazy": lambda: subm_select(qs, static, bins, budget, w_len=w_len),
+        "lazy-float": lambda: subm_select(sim, static, bins, budget, w_len=w_len),
+        "lazy-float-nocheck": lambda: subm_select(
+            sim, static, bins, budget, w_len=w_len, check_symmetry=False
+        ),
+    }
+    for name, fn in variants.items():
+        fn()  # compile / warm
+        sel[name] = _median_ms(fn, repeats)
     if n <= slow_limit:
+        subm_select(qs, static, bins, budget, w_len=w_len, method="standard")
+        sel["standard"] = _median_ms(
+            lambda: subm_select(qs, static, bins, budget, w_len=w_len, method="standard"), slow
+        )
         sel["numpy-lazy"] = _median_ms(
             lambda: numpy_lazy_greedy(sim, static, bins, budget, 1.0, w_len), repeats
         )
         same = numpy_lazy_greedy(sim, static, bins, budget, 1.0, w_len)
-        lazy = subm_select(sim, static, bins, budget, w_len=w_len).tolist()
+        lazy = subm_select(qs, static, bins, budget, w_len=w_len).tolist()
         record["numpy_lazy_same_selection"] = same == lazy
     else:
+        sel["standard"] = None
         sel["numpy-lazy"] = None
     fls = _apricot()
     if fls is not None and n <= slow_limit:
@@ -191,8 +198,8 @@ def bench_refresh(
         )
     record["total_lazy_ms"] = record["similarity_ms"] + sel["lazy"]
     if sel.get("numpy-lazy"):
-        record["lazy_speedup_vs_numpy"] = sel["numpy-lazy"] / sel["lazy"]
-        record["lazy_nocheck_speedup_vs_numpy"] = sel["numpy-lazy"] / sel["lazy-nocheck"]
+        for name in variants:
+            record[f"{name}_speedup_vs_numpy"] = sel["numpy-lazy"] / sel[name]
     return record
 
 
@@ -226,12 +233,13 @@ def subm(
         typer.echo(json.dumps(result, indent=2))
         return
     header = (
-        "| |G| | B | similarity | sim ms | lazy ms | lazy no-sym-check ms | standard ms | "
-        "numpy-lazy ms | apricot first / warm ms | total (lazy) ms | lazy vs numpy | "
-        "no-check vs numpy | same as numpy |"
+        "| |G| | B | similarity | sim ms | lazy ms | lazy float-input ms | "
+        "float-input no-sym-check ms | standard ms | numpy-lazy ms | apricot first / warm ms | "
+        "total (lazy) ms | lazy vs numpy | float-input vs numpy | no-check vs numpy | "
+        "same as numpy |"
     )
     typer.echo(header)
-    typer.echo("|" + "---|" * 13)
+    typer.echo("|" + "---|" * 15)
     for rec in records:
         s = rec["selection_ms"]
         apricot = (
@@ -239,14 +247,15 @@ def subm(
             if "apricot-first" in s
             else "n/a"
         )
-        speed = rec.get("lazy_speedup_vs_numpy")
-        speed_nc = rec.get("lazy_nocheck_speedup_vs_numpy")
+        speeds = " | ".join(
+            "n/a" if (v := rec.get(f"{k}_speedup_vs_numpy")) is None else f"{v:.1f}x"
+            for k in ("lazy", "lazy-float", "lazy-float-nocheck")
+        )
         same = rec.get("numpy_lazy_same_selection")
         typer.echo(
             f"| {rec['n']} | {rec['budget']} | {rec['backend']} ({rec['data']}) | "
-            f"{rec['similarity_ms']:.3f} | {_fmt(s['lazy'])} | {_fmt(s['lazy-nocheck'])} | "
-            f"{_fmt(s['standard'])} | {_fmt(s['numpy-lazy'])} | {apricot} | "
-            f"{rec['total_lazy_ms']:.2f} | {'n/a' if speed is None else f'{speed:.1f}x'} | "
-            f"{'n/a' if speed_nc is None else f'{speed_nc:.1f}x'} | "
+            f"{rec['similarity_ms']:.3f} | {_fmt(s['lazy'])} | {_fmt(s['lazy-float'])} | "
+            f"{_fmt(s['lazy-float-nocheck'])} | {_fmt(s['standard'])} | "
+            f"{_fmt(s['numpy-lazy'])} | {apricot} | {rec['total_lazy_ms']:.2f} | {speeds} | "
             f"{'n/a' if same is None else ('yes' if same else 'no')} |"
         )

@@ -68,7 +68,11 @@ class Task(Protocol):
 
 @runtime_checkable
 class Similarity(Protocol):
-    """Pairwise similarity in [0, 1] between replay items, used by SubM's diversity term."""
+    """Pairwise similarity in [0, 1] between replay items, used by SubM's diversity term.
+
+    It must be symmetric. A backend may declare ``symmetric = True`` when pairwise(a, b)[i, j]
+    equals pairwise(b, a)[j, i] bit for bit; ``SimilarityCache`` then skips checking it.
+    """
 
     def pairwise(self, a: Sequence[object], b: Sequence[object]) -> np.ndarray:
         """Return a float array of shape [len(a), len(b)] with values in [0, 1]."""

@@ -543,7 +543,8 @@ class SubmodularBuffer(ReplayBuffer):
         # Same key means same features (text, canonical molecule); tokens disambiguate when
         # shingling tokens, where equal texts may come from different token sequences.
         keys = [(it.key, it.tokens) for it in cand]
-        sim = cache.matrix(keys, [self._feature(it, n_words) for it in cand])
+        # Fixed point, symmetric by construction: no per-refresh rounding or symmetry pass.
+        sim = cache.quantised(keys, [self._feature(it, n_words) for it in cand])
         bins = np.array([it.length // self.length_bin_size for it in cand], dtype=np.int64)
         alpha = None
         if self.length_alpha_power is not None:

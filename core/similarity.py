@@ -37,6 +37,14 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
+from raptb.core.subm import (
+    SCALE,
+    SYMMETRY_STEPS,
+    QuantisedSimilarity,
+    max_asymmetry,
+    quantise_rows,
+)
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -197,6 +205,9 @@ def jaccard_matrix(a: Sequence[np.ndarray], b: Sequence[np.ndarray] | None = Non
 class TanimotoSimilarity:
     """``Similarity`` port over packed uint64 fingerprints (one 1-D word array per item)."""
 
+    #: pairwise(a, b)[i, j] == pairwise(b, a)[j, i] exactly (see ``SimilarityCache``).
+    symmetric = True
+
     def pairwise(self, a: Sequence[object], b: Sequence[object]) -> np.ndarray:
         if len(a) == 0 or len(b) == 0:
             return np.zeros((len(a), len(b)), dtype=np.float32)
@@ -208,6 +219,9 @@ class ShingleJaccardSimilarity:
 
     Shingle sets are memoised by sequence (at most ``memo_size`` entries, then the memo restarts).
     """
+
+    #: pairwise(a, b)[i, j] == pairwise(b, a)[j, i] exactly (see ``SimilarityCache``).
+    symmetric = True
 
     def __init__(self, k: int = 2, memo_size: int = 65536) -> None:
         if k < 1:
@@ -242,56 +256,157 @@ def _gather_block(old: np.ndarray, src: np.ndarray, dst: np.ndarray, out: np.nda
             row_out[dst[j]] = row_old[src[j]]
 
 
+@nb.njit(cache=True)
+def _assemble_fixed(
+    old: np.ndarray,
+    old_of: np.ndarray,
+    blockq: np.ndarray,
+    block_sums: np.ndarray,
+    new_of: np.ndarray,
+    out: np.ndarray,
+    rowsum: np.ndarray,
+) -> None:
+    """out[p] = blockq[new_of[p]] for a new item p; for a kept item, the old row gathered on the
+    kept columns and the new columns read from the block (symmetric mirror). Row sums on the
+    way (new rows: the block's)."""
+    n = out.shape[0]
+    n_kept = 0
+    for p in range(n):
+        n_kept += old_of[p] >= 0
+    kept = np.empty(n_kept, dtype=np.int64)
+    news = np.empty(n - n_kept, dtype=np.int64)
+    a = 0
+    b = 0
+    for p in range(n):
+        if old_of[p] >= 0:
+            kept[a] = p
+            a += 1
+        else:
+            news[b] = p
+            b += 1
+    for p in range(n):
+        row = out[p]
+        if new_of[p] >= 0:
+            row[:] = blockq[new_of[p]]
+            rowsum[p] = block_sums[new_of[p]]
+            continue
+        src = old[old_of[p]]
+        total = 0
+        for t in range(kept.shape[0]):
+            j = kept[t]
+            v = src[old_of[j]]
+            row[j] = v
+            total += v
+        for t in range(news.shape[0]):
+            j = news[t]
+            v = blockq[new_of[j], p]
+            row[j] = v
+            total += v
+        rowsum[p] = total
+
+
 class SimilarityCache:
     """Similarity matrix of the current ground set, recomputing only pairs involving new keys.
 
-    ``matrix(keys, features)`` returns the float32 [n, n] matrix ``sim(features[i], features[j])``.
-    Rows/columns of keys seen in the previous call are copied; only the block new x all is
-    computed (``pairs_computed`` counts kernel evaluations, for tests and benchmarks). Keys must be
-    unique and must identify the features: an item whose features change needs a new key.
+    ``matrix(keys, features)`` returns the float32 [n, n] matrix ``sim(features[i], features[j])``;
+    ``quantised(keys, features)`` the same similarity as a ``QuantisedSimilarity`` (uint16 on the
+    2**-15 grid, what ``subm_select`` works on; the SubM buffer uses this form). Rows/columns of
+    keys seen in the previous call are copied; only the block new x all is computed
+    (``pairs_computed`` counts kernel evaluations, for tests and benchmarks) and mirrored, so
+    the matrix is symmetric whenever the new x new block is: backends that declare
+    ``symmetric = True`` (Tanimoto and shingle Jaccard, whose formulas are symmetric in exact
+    arithmetic and in floating point) are trusted, other backends have that block checked.
+    Keys must be unique and must identify the features: an item whose features change needs a
+    new key. Switching between the two forms recomputes everything once.
     """
 
     def __init__(self, similarity: object) -> None:
         if not hasattr(similarity, "pairwise"):
             raise ValueError("similarity must implement pairwise(a, b) (the Similarity port)")
         self.similarity = similarity
-        self._index: dict[Hashable, int] = {}
-        self._matrix = np.zeros((0, 0), dtype=np.float32)
         self.pairs_computed = 0
+        self.clear()
 
     def clear(self) -> None:
-        self._index = {}
+        self._index: dict[Hashable, int] = {}
         self._matrix = np.zeros((0, 0), dtype=np.float32)
+        self._fixed = QuantisedSimilarity(np.zeros((0, 0), dtype=np.uint16))
+        self._form = "float"
 
-    def matrix(self, keys: Sequence[Hashable], features: Sequence[object]) -> np.ndarray:
+    def _plan(
+        self, keys: Sequence[Hashable], features: Sequence[object], form: str
+    ) -> tuple[dict[Hashable, int], list[int], list[int], list[int]]:
         if len(keys) != len(features):
             raise ValueError(f"keys ({len(keys)}) and features ({len(features)}) differ in length")
-        n = len(keys)
         index = {key: i for i, key in enumerate(keys)}
-        if len(index) != n:
+        if len(index) != len(keys):
             raise ValueError("keys must be unique")
-        old_new_pos = [i for i, key in enumerate(keys) if key in self._index]
-        old_pos = [self._index[keys[i]] for i in old_new_pos]
+        if form != self._form:
+            self.clear()
+            self._form = form
+        kept_pos = [i for i, key in enumerate(keys) if key in self._index]
+        old_pos = [self._index[keys[i]] for i in kept_pos]
         new_pos = [i for i, key in enumerate(keys) if key not in self._index]
+        return index, kept_pos, old_pos, new_pos
+
+    def _block(self, features: Sequence[object], new_pos: list[int]) -> np.ndarray:
+        block = np.asarray(
+            self.similarity.pairwise([features[i] for i in new_pos], list(features)),  # type: ignore[attr-defined]
+            dtype=np.float32,
+        )
+        if block.shape != (len(new_pos), len(features)):
+            raise ValueError(
+                f"pairwise returned shape {block.shape}, expected {(len(new_pos), len(features))}"
+            )
+        self.pairs_computed += block.size
+        return block
+
+    def matrix(self, keys: Sequence[Hashable], features: Sequence[object]) -> np.ndarray:
+        index, kept_pos, old_pos, new_pos = self._plan(keys, features, "float")
+        n = len(keys)
         out = np.empty((n, n), dtype=np.float32)
-        if old_new_pos:
+        if kept_pos:
             _gather_block(
                 self._matrix,
                 np.array(old_pos, dtype=np.int64),
-                np.array(old_new_pos, dtype=np.int64),
+                np.array(kept_pos, dtype=np.int64),
                 out,
             )
         if new_pos:
-            block = np.asarray(
-                self.similarity.pairwise([features[i] for i in new_pos], list(features)),  # type: ignore[attr-defined]
-                dtype=np.float32,
-            )
+            block = self._block(features, new_pos)
             out[new_pos, :] = block
             out[:, new_pos] = block.T
-            self.pairs_computed += block.size
         self._index = index
         self._matrix = out
         return out
+
+    def quantised(
+        self, keys: Sequence[Hashable], features: Sequence[object]
+    ) -> QuantisedSimilarity:
+        index, kept_pos, old_pos, new_pos = self._plan(keys, features, "fixed")
+        n = len(keys)
+        old_of = np.full(n, -1, dtype=np.int64)
+        old_of[kept_pos] = old_pos
+        new_of = np.full(n, -1, dtype=np.int64)
+        new_of[new_pos] = np.arange(len(new_pos))
+        if new_pos:
+            blockq, block_sums = quantise_rows(self._block(features, new_pos))
+            if not getattr(self.similarity, "symmetric", False):
+                asym = max_asymmetry(np.ascontiguousarray(blockq[:, new_pos]))
+                if asym > SYMMETRY_STEPS:
+                    raise ValueError(
+                        f"{type(self.similarity).__name__}.pairwise is not symmetric (max "
+                        f"|S - S^T| = {asym / SCALE:.3g} on the new items)"
+                    )
+        else:
+            blockq = np.zeros((0, n), dtype=np.uint16)
+            block_sums = np.zeros(0, dtype=np.int64)
+        out = np.empty((n, n), dtype=np.uint16)
+        rowsum = np.empty(n, dtype=np.int64)
+        _assemble_fixed(self._fixed.values, old_of, blockq, block_sums, new_of, out, rowsum)
+        self._index = index
+        self._fixed = QuantisedSimilarity(out, rowsum, check=False)
+        return self._fixed
 
 
 @nb.njit(cache=True)

@@ -37,8 +37,10 @@ SIMD partial sums), identical whatever the loop or summation order, and the full
 float64 formula of that integer, so standard and lazy see bit-identical gains; the uint16 rows
 also halve the memory traffic of float32 (8 KiB per row at |G| = 4096).
 
-Memory: the input float32 [|P|, |P|] matrix plus the uint16 copy (1 GiB + 0.5 GiB at
-|G| = 16384; no float64 n x n anywhere).
+Memory: a float input costs the float32 [|P|, |P|] matrix plus the uint16 copy (1 GiB + 0.5 GiB
+at |G| = 16384); a ``QuantisedSimilarity`` input (what the SubM buffer passes, kept up to date by
+``SimilarityCache.quantised``) only its uint16 matrix (0.5 GiB at 16384). No float64 n x n
+anywhere.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def _quantise_into(sim: np.ndarray, q: np.ndarray, rowsum: np.ndarray) -> int:
 
 
 @nb.njit(cache=True)
-def _max_asymmetry(q: np.ndarray) -> int:
+def max_asymmetry(q: np.ndarray) -> int:
     """max |q[i, j] - q[j, i]| in grid steps, over bands of 8 rows (8 uint16 lines of one column
     block stay in one L1 set; wider bands thrash it on power-of-two row strides)."""
     n = q.shape[0]
@@ -112,6 +114,15 @@ def _max_asymmetry(q: np.ndarray) -> int:
     return worst
 
 
+@nb.njit(cache=True, inline="always")
+def _excess(a: np.uint16, b: np.uint16) -> np.uint32:
+    """max(0, a - b) for uint16 grid values, written so that LLVM emits a saturating 16-bit
+    subtract and 32-bit lane sums (vpsubusw + vpmovzxwd + vpaddd). Numba's usual int32
+    arithmetic widens to int64 lanes, which made the row scans about 3x slower when the row is
+    in cache. Callers keep uint32 partial sums of at most _CHUNK terms (< 2**31)."""
+    return np.uint32(np.uint16(a - b) if a > b else np.uint16(0))
+
+
 @nb.njit(cache=True)
 def _facility_full(q: np.ndarray, x: int, msim: np.ndarray) -> int:
     """sum_v max(0, q[x, v] - msim[v]) as an exact integer (int32 SIMD partial sums)."""
@@ -122,9 +133,9 @@ def _facility_full(q: np.ndarray, x: int, msim: np.ndarray) -> int:
         # Slices indexed from 0: LLVM vectorises this form, not range(c0, c1) (10x here).
         r = row[c0 : c0 + _CHUNK]
         m = msim[c0 : c0 + _CHUNK]
-        acc = np.int32(0)
+        acc = np.uint32(0)
         for v in range(r.shape[0]):
-            acc += max(np.int32(r[v]) - np.int32(m[v]), np.int32(0))
+            acc = np.uint32(acc + _excess(r[v], m[v]))
         total += acc
     return total
 
@@ -148,16 +159,16 @@ def _facility_four(q: np.ndarray, xs: np.ndarray, msim: np.ndarray, out: np.ndar
         c = r2[c0 : c0 + _CHUNK]
         d = r3[c0 : c0 + _CHUNK]
         m = msim[c0 : c0 + _CHUNK]
-        s0 = np.int32(0)
-        s1 = np.int32(0)
-        s2 = np.int32(0)
-        s3 = np.int32(0)
+        s0 = np.uint32(0)
+        s1 = np.uint32(0)
+        s2 = np.uint32(0)
+        s3 = np.uint32(0)
         for v in range(m.shape[0]):
-            mv = np.int32(m[v])
-            s0 += max(np.int32(a[v]) - mv, np.int32(0))
-            s1 += max(np.int32(b[v]) - mv, np.int32(0))
-            s2 += max(np.int32(c[v]) - mv, np.int32(0))
-            s3 += max(np.int32(d[v]) - mv, np.int32(0))
+            mv = m[v]
+            s0 = np.uint32(s0 + _excess(a[v], mv))
+            s1 = np.uint32(s1 + _excess(b[v], mv))
+            s2 = np.uint32(s2 + _excess(c[v], mv))
+            s3 = np.uint32(s3 + _excess(d[v], mv))
         t0 += s0
         t1 += s1
         t2 += s2
@@ -403,17 +414,114 @@ def _greedy_stochastic(
     return out[:k]
 
 
+@nb.njit(cache=True)
+def _max_and_row_sums(q: np.ndarray, rowsum: np.ndarray) -> int:
+    """Largest value of a uint16 matrix; rowsum[i] = sum of row i (int32 SIMD partial sums)."""
+    worst = 0
+    for i in range(q.shape[0]):
+        total = 0
+        for c0 in range(0, q.shape[1], _CHUNK):
+            row = q[i, c0 : c0 + _CHUNK]
+            acc = np.int32(0)
+            top = np.uint16(0)
+            for j in range(row.shape[0]):
+                acc += np.int32(row[j])
+                top = max(top, row[j])
+            total += acc
+            worst = max(worst, np.int64(top))
+        rowsum[i] = total
+    return worst
+
+
+class QuantisedSimilarity:
+    """A symmetric similarity already on the 2**-15 grid: what every greedy loop works on.
+
+    ``values`` is a C-contiguous uint16 [n, n] matrix (value k means similarity k / 2**15) and
+    ``row_sums`` its int64 row sums (the facility gains against the empty set). Passing one to
+    ``subm_select`` or ``subm_value`` skips the float -> grid rounding and the all-pairs
+    symmetry check, which at |G| = 4096 cost about as much as the lazy selection itself.
+
+    Build one with ``from_float`` (rounds and checks a float matrix), with the constructor
+    (checks range and symmetry of a uint16 matrix unless ``check=False``), or let
+    ``SimilarityCache.quantised`` maintain one incrementally across refreshes (symmetric by
+    construction, no n x n float matrix at all: 2 bytes per pair, 512 MiB at |G| = 16384).
+    """
+
+    __slots__ = ("row_sums", "values")
+
+    def __init__(
+        self, values: np.ndarray, row_sums: np.ndarray | None = None, *, check: bool = True
+    ) -> None:
+        q = np.asarray(values)
+        if q.ndim != 2 or q.shape[0] != q.shape[1]:
+            raise ValueError(f"values must be a square [n, n] matrix, got shape {q.shape}")
+        if q.dtype != np.uint16:
+            raise ValueError(f"values must be uint16 grid values, got dtype {q.dtype}")
+        q = np.ascontiguousarray(q)
+        if check or row_sums is None:
+            sums = np.zeros(q.shape[0], dtype=np.int64)
+            top = _max_and_row_sums(q, sums) if q.size else 0
+            if check and top > SCALE:
+                raise ValueError(f"values must be at most 2**15 (similarity 1), got {top}")
+            if check and q.size and (asym := max_asymmetry(q)) > SYMMETRY_STEPS:
+                raise ValueError(
+                    f"similarity must be symmetric (max |S - S^T| = {asym / SCALE:.3g}; at most "
+                    f"{SYMMETRY_STEPS} grid step allowed)"
+                )
+            if row_sums is not None and not np.array_equal(np.asarray(row_sums), sums):
+                raise ValueError("row_sums do not match the row sums of values")
+            row_sums = sums
+        rs = np.asarray(row_sums)
+        if rs.shape != (q.shape[0],) or not np.issubdtype(rs.dtype, np.integer):
+            raise ValueError(f"row_sums must be an integer array of shape [{q.shape[0]}]")
+        self.values = q
+        self.row_sums = rs.astype(np.int64, copy=False)
+
+    @classmethod
+    def from_float(
+        cls, similarity: np.ndarray, *, check_symmetry: bool = True
+    ) -> QuantisedSimilarity:
+        """Round a float [n, n] matrix with values in [0, 1] to the grid (NaN and range always
+        checked, symmetry when ``check_symmetry``)."""
+        sim = np.asarray(similarity)
+        if sim.ndim != 2 or sim.shape[0] != sim.shape[1]:
+            raise ValueError(f"similarity must be a square [n, n] matrix, got shape {sim.shape}")
+        if not np.issubdtype(sim.dtype, np.floating):
+            raise ValueError(f"similarity must be a float array, got dtype {sim.dtype}")
+        q, rowsum = quantise_rows(sim)
+        if check_symmetry and q.size:
+            asym = max_asymmetry(q)
+            if asym > SYMMETRY_STEPS:
+                raise ValueError(
+                    f"similarity must be symmetric (max |S - S^T| = {asym / SCALE:.3g} after "
+                    f"rounding to the 2**-15 grid; at most {SYMMETRY_STEPS} grid step allowed)"
+                )
+        return cls(q, rowsum, check=False)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.values.shape  # type: ignore[return-value]
+
+    def __len__(self) -> int:
+        return self.values.shape[0]
+
+    def to_float(self) -> np.ndarray:
+        """The similarity as float32 (exact: grid values are float32 numbers)."""
+        return self.values.astype(np.float32) * np.float32(1.0 / SCALE)
+
+
 def quantise_similarity(similarity: np.ndarray) -> np.ndarray:
     """uint16 fixed-point copy round(sim * 2**15) of a float matrix with values in [0, 1].
 
     This is the similarity every method, and ``subm_value``, works on. Raises on NaN or values
     outside [0, 1]. No symmetry check (see ``subm_select``).
     """
-    return _quantise(similarity)[0]
+    return quantise_rows(similarity)[0]
 
 
-def _quantise(similarity: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(quantised copy, int64 row sums of it); see ``quantise_similarity``."""
+def quantise_rows(similarity: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Round any 2-D float array with values in [0, 1] to the 2**-15 grid: (uint16 copy, int64
+    row sums of the copy). Raises on NaN or values outside [0, 1]; see ``quantise_similarity``."""
     sim = np.ascontiguousarray(similarity, dtype=np.float32)
     if sim.ndim != 2:
         raise ValueError(f"similarity must be 2-D, got shape {sim.shape}")
@@ -460,7 +568,7 @@ def _check_vector(name: str, arr: np.ndarray, n: int) -> None:
 
 
 def _prepare(
-    similarity: np.ndarray,
+    similarity: np.ndarray | QuantisedSimilarity,
     static: np.ndarray,
     length_bin: np.ndarray,
     w_div: float,
@@ -472,20 +580,10 @@ def _prepare(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Validate inputs; return (pool, quantised sim on pool, static, bins on pool, alpha, row
     sums of the quantised sim on pool, or an empty array when the pool is a strict subset)."""
-    sim = np.asarray(similarity)
-    if sim.ndim != 2 or sim.shape[0] != sim.shape[1]:
-        raise ValueError(f"similarity must be a square [n, n] matrix, got shape {sim.shape}")
-    if not np.issubdtype(sim.dtype, np.floating):
-        raise ValueError(f"similarity must be a float array, got dtype {sim.dtype}")
-    n = sim.shape[0]
-    q, rowsum = _quantise(sim)
-    if check_symmetry and n:
-        asym = _max_asymmetry(q)
-        if asym > SYMMETRY_STEPS:
-            raise ValueError(
-                f"similarity must be symmetric (max |S - S^T| = {asym / SCALE:.3g} after "
-                f"rounding to the 2**-15 grid; at most {SYMMETRY_STEPS} grid step allowed)"
-            )
+    if not isinstance(similarity, QuantisedSimilarity):
+        similarity = QuantisedSimilarity.from_float(similarity, check_symmetry=check_symmetry)
+    q, rowsum = similarity.values, similarity.row_sums
+    n = q.shape[0]
     static_arr = np.asarray(static, dtype=np.float64)
     _check_vector("static", static_arr, n)
     if not np.all(np.isfinite(static_arr)):
@@ -528,7 +626,7 @@ def _prepare(
 
 
 def subm_select(
-    similarity: np.ndarray,
+    similarity: np.ndarray | QuantisedSimilarity,
     static: np.ndarray,
     length_bin: np.ndarray,
     budget: int,
@@ -546,7 +644,8 @@ def subm_select(
     """Greedy SubM selection; returns int64 indices into the ground set, in selection order.
 
     Args:
-        similarity: [n, n] symmetric similarity in [0, 1], rounded to the 2**-15 grid.
+        similarity: [n, n] symmetric float similarity in [0, 1] (rounded to the 2**-15 grid
+            here), or a ``QuantisedSimilarity`` already on it (no rounding, no checks).
         static: [n] static score s(x) = w_rew r(x) + w_val 1[valid(x)] (caller's weights).
         length_bin: [n] non-negative integer length bin of each item.
         budget: maximum number of items to select (>= 0).
@@ -557,10 +656,11 @@ def subm_select(
         method: ``standard``, ``lazy`` (default, same result as standard) or ``stochastic``.
         epsilon: stochastic greedy accuracy in (0, 1); sample size ceil(n / budget log(1/eps)).
         rng: generator seeding the stochastic method (required for it, ignored otherwise).
-        check_symmetry: verify |S - S^T| <= one grid step (2**-15) over all pairs. The check
-            reads the matrix column-wise and costs about as much as the lazy selection at
-            |G| = 4096; callers whose matrix is symmetric by construction (``SimilarityCache``)
-            may turn it off. Range and NaN checks always run.
+        check_symmetry: for a float ``similarity``, verify |S - S^T| <= one grid step
+            (2**-15) over all pairs. The check reads the matrix column-wise and costs about as
+            much as the lazy selection at |G| = 4096; callers whose matrix is symmetric by
+            construction may turn it off (or pass ``SimilarityCache.quantised``'s matrix, which
+            needs neither the check nor the rounding). Range and NaN checks always run.
     """
     if isinstance(budget, bool) or not isinstance(budget, int | np.integer) or budget < 0:
         raise ValueError(f"budget must be a non-negative integer, got {budget!r}")
@@ -592,7 +692,7 @@ def subm_select(
 
 def subm_value(
     selected: np.ndarray,
-    similarity: np.ndarray,
+    similarity: np.ndarray | QuantisedSimilarity,
     static: np.ndarray,
     length_bin: np.ndarray,
     *,

@@ -18,6 +18,7 @@ from raptb.core.similarity import (
     shingle_ids,
     tanimoto_matrix,
 )
+from raptb.core.subm import QuantisedSimilarity
 
 
 def _ref_tanimoto(a: np.ndarray, b: np.ndarray) -> float:
@@ -150,6 +151,86 @@ def test_cache_equals_recomputation_and_computes_only_new_pairs(seed, rounds):
         n_new = sum(k not in previous for k in keys)
         assert cache.pairs_computed - before == n_new * len(keys)
         previous = set(keys)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rounds=st.integers(1, 6), jaccard=st.booleans())
+def test_quantised_cache_equals_rounded_recomputation(seed, rounds, jaccard):
+    # Keys come and go in random order across refreshes; every refresh must equal rounding the
+    # full recomputed matrix (values and row sums) while computing only new x all pairs.
+    rng = np.random.default_rng(seed)
+    if jaccard:
+        universe: list = [
+            "".join(rng.choice(list("12+*"), int(rng.integers(0, 7)))) for _ in range(40)
+        ]
+        backend: object = ShingleJaccardSimilarity(2)
+    else:
+        universe = list(pack_bits(rng.random((40, 100)) < 0.2))
+        backend = TanimotoSimilarity()
+    cache = SimilarityCache(backend)
+    previous: set[int] = set()
+    for _ in range(rounds):
+        keys = [int(i) for i in rng.choice(40, size=int(rng.integers(1, 15)), replace=False)]
+        feats = [universe[i] for i in keys]
+        before = cache.pairs_computed
+        got = cache.quantised(keys, feats)
+        want = QuantisedSimilarity.from_float(backend.pairwise(feats, feats))
+        np.testing.assert_array_equal(got.values, want.values)
+        np.testing.assert_array_equal(got.row_sums, want.row_sums)
+        n_new = sum(k not in previous for k in keys)
+        assert cache.pairs_computed - before == n_new * len(keys)
+        previous = set(keys)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 12), m=st.integers(1, 12))
+def test_backends_declared_symmetric_are_bitwise_symmetric(seed, n, m):
+    rng = np.random.default_rng(seed)
+    a = list(pack_bits(rng.random((n, 70)) < rng.random()))
+    b = list(pack_bits(rng.random((m, 70)) < rng.random()))
+    tan = TanimotoSimilarity()
+    assert tan.symmetric
+    np.testing.assert_array_equal(tan.pairwise(a, b), tan.pairwise(b, a).T)
+    sa = ["".join(rng.choice(list("ab1+"), int(rng.integers(0, 9)))) for _ in range(n)]
+    sb = [[int(t) for t in rng.integers(0, 5, int(rng.integers(0, 9)))] for _ in range(m)]
+    jac = ShingleJaccardSimilarity(int(rng.integers(1, 4)))
+    assert jac.symmetric
+    np.testing.assert_array_equal(jac.pairwise(sa, sa), jac.pairwise(sa, sa).T)
+    np.testing.assert_array_equal(jac.pairwise(sb, sb[::-1]), jac.pairwise(sb[::-1], sb).T)
+
+
+class _Skewed:
+    """An undeclared backend: sim(a, b) = a / (a + b + 1) for integers (asymmetric)."""
+
+    def pairwise(self, a, b):
+        return np.array([[x / (x + y + 1) for y in b] for x in a], dtype=np.float32)
+
+
+class _UndeclaredSymmetric:
+    def pairwise(self, a, b):
+        return np.array([[1.0 / (1 + abs(x - y)) for y in b] for x in a], dtype=np.float32)
+
+
+def test_quantised_cache_checks_undeclared_backends_and_switches_forms():
+    with pytest.raises(ValueError, match="not symmetric"):
+        SimilarityCache(_Skewed()).quantised([1, 2, 3], [1, 2, 3])
+    cache = SimilarityCache(_UndeclaredSymmetric())
+    first = cache.quantised([1, 2], [1, 5])
+    np.testing.assert_array_equal(first.values, [[32768, 6554], [6554, 32768]])
+    second = cache.quantised([2, 3], [5, 7])  # kept key 2, new key 3
+    assert cache.pairs_computed == 2 * 2 + 1 * 2
+    np.testing.assert_array_equal(
+        second.to_float(), np.round(_UndeclaredSymmetric().pairwise([5, 7], [5, 7]) * 32768) / 32768
+    )
+    # Asking for the float form recomputes once, then is incremental again.
+    np.testing.assert_allclose(cache.matrix([2, 3], [5, 7]), [[1.0, 1 / 3], [1 / 3, 1.0]])
+    assert cache.pairs_computed == 6 + 4
+    cache.matrix([3], [7])
+    assert cache.pairs_computed == 10
+    with pytest.raises(ValueError, match="shape"):
+        SimilarityCache(
+            type("Bad", (), {"pairwise": lambda self, a, b: np.zeros((1, 1))})()
+        ).quantised([1, 2], [1, 2])
 
 
 def test_cache_rejects_bad_input():

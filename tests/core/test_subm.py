@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import raptb.core.subm as subm_module
 from raptb.core.subm import (
     SCALE,
+    QuantisedSimilarity,
     power_bin_alpha,
     quantise_similarity,
     subm_select,
@@ -365,3 +366,59 @@ def test_batched_lazy_and_fused_row_sums_equal_standard(monkeypatch, batch_min_n
             std = subm_select(sim, static, bins, budget, method="standard", **kw, **gate)
             lazy = subm_select(sim, static, bins, budget, method="lazy", **kw, **gate)
             np.testing.assert_array_equal(std, lazy)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(1, 40),
+    w=weights,
+    gate=st.sampled_from([None, 0.0, 0.6, 1.0]),
+)
+def test_quantised_input_selects_and_values_like_its_float_form(seed, n, w, gate):
+    # A QuantisedSimilarity skips rounding and checks; selection and f(S) must equal those of
+    # the float matrix it came from, for every method, gated or not.
+    sim, static, bins, alpha = _instance(seed, n)
+    qs = QuantisedSimilarity.from_float(sim)
+    np.testing.assert_array_equal(qs.values, quantise_similarity(sim))
+    np.testing.assert_array_equal(qs.row_sums, qs.values.sum(axis=1, dtype=np.int64))
+    np.testing.assert_array_equal(qs.to_float(), sim)  # grid values round-trip exactly
+    valid = None if gate is None else np.random.default_rng(seed).random(n) < 0.6
+    kw = dict(w_div=w[0], w_len=w[1], bin_alpha=alpha, valid=valid, gating_ratio=gate or 0.0)
+    budget = max(1, n // 2)
+    for method in ("standard", "lazy"):
+        got = subm_select(qs, static, bins, budget, method=method, **kw)
+        np.testing.assert_array_equal(got, subm_select(sim, static, bins, budget, **kw))
+    rng_a, rng_b = np.random.default_rng(seed), np.random.default_rng(seed)
+    np.testing.assert_array_equal(
+        subm_select(qs, static, bins, budget, method="stochastic", rng=rng_a, **kw),
+        subm_select(sim, static, bins, budget, method="stochastic", rng=rng_b, **kw),
+    )
+    sel = subm_select(qs, static, bins, budget, **kw)
+    assert subm_value(sel, qs, static, bins, **kw) == subm_value(sel, sim, static, bins, **kw)
+
+
+def test_quantised_similarity_rejects_bad_matrices():
+    sim, *_ = _instance(2, 5)
+    q = quantise_similarity(sim)
+    with pytest.raises(ValueError, match="square"):
+        QuantisedSimilarity(q[:4])
+    with pytest.raises(ValueError, match="uint16"):
+        QuantisedSimilarity(q.astype(np.int32))
+    over = q.copy()
+    over[0, 0] = SCALE + 1
+    with pytest.raises(ValueError, match="at most 2\\*\\*15"):
+        QuantisedSimilarity(over)
+    skew = q.copy()
+    skew[0, 1] = skew[1, 0] + 2 if skew[1, 0] < SCALE - 2 else skew[1, 0] - 2
+    with pytest.raises(ValueError, match="symmetric"):
+        QuantisedSimilarity(skew)
+    QuantisedSimilarity(skew, check=False)  # the caller vouches for it
+    with pytest.raises(ValueError, match="row_sums do not match"):
+        QuantisedSimilarity(q, q.sum(axis=1, dtype=np.int64) + 1)
+    with pytest.raises(ValueError, match="row_sums must be"):
+        QuantisedSimilarity(q, np.zeros(3, dtype=np.int64), check=False)
+    with pytest.raises(ValueError, match="symmetric"):
+        QuantisedSimilarity.from_float((skew / SCALE).astype(np.float32))
+    with pytest.raises(ValueError, match="NaN"):
+        QuantisedSimilarity.from_float(np.full((2, 2), np.nan))
