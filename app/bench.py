@@ -9,6 +9,7 @@ the same matrix (the float entry point: rounding pass plus all-pairs symmetry ch
 ``check_symmetry=False``); ``numpy-lazy`` (a plain numpy + heapq lazy greedy of the same
 objective on the float32 matrix, the baseline) and apricot's ``FacilityLocationSelection``
 (facility term only, precomputed similarity) when importable. All see the same grid values.
+``dispersion`` times the reference code's dispersion rule (``diversity="dispersion"``, lazy).
 
 Data: Morgan-like 2048-bit fingerprints, either scaffold-conditioned (one of 8 scaffolds of 30
 bits plus 15 random fragment bits, like the paper's SMILES task) or i.i.d. (45 random bits), and
@@ -169,6 +170,9 @@ def bench_refresh(
         "lazy-float-nocheck": lambda: subm_select(
             sim, static, bins, budget, w_len=w_len, check_symmetry=False
         ),
+        "dispersion": lambda: subm_select(
+            qs, static, bins, budget, w_len=w_len, diversity="dispersion"
+        ),
     }
     for name, fn in variants.items():
         fn()  # compile / warm
@@ -198,7 +202,7 @@ def bench_refresh(
         )
     record["total_lazy_ms"] = record["similarity_ms"] + sel["lazy"]
     if sel.get("numpy-lazy"):
-        for name in variants:
+        for name in ("lazy", "lazy-float", "lazy-float-nocheck"):
             record[f"{name}_speedup_vs_numpy"] = sel["numpy-lazy"] / sel[name]
     return record
 
@@ -233,13 +237,14 @@ def subm(
         typer.echo(json.dumps(result, indent=2))
         return
     header = (
-        "| |G| | B | similarity | sim ms | lazy ms | lazy float-input ms | "
-        "float-input no-sym-check ms | standard ms | numpy-lazy ms | apricot first / warm ms | "
+        "| |G| | B | similarity | matrix MiB | sim ms | lazy ms | lazy float-input ms | "
+        "float-input no-sym-check ms | standard ms | dispersion ms | numpy-lazy ms | "
+        "apricot first / warm ms | "
         "total (lazy) ms | lazy vs numpy | float-input vs numpy | no-check vs numpy | "
         "same as numpy |"
     )
     typer.echo(header)
-    typer.echo("|" + "---|" * 15)
+    typer.echo("|" + "---|" * 17)
     for rec in records:
         s = rec["selection_ms"]
         apricot = (
@@ -254,8 +259,9 @@ def subm(
         same = rec.get("numpy_lazy_same_selection")
         typer.echo(
             f"| {rec['n']} | {rec['budget']} | {rec['backend']} ({rec['data']}) | "
-            f"{rec['similarity_ms']:.3f} | {_fmt(s['lazy'])} | {_fmt(s['lazy-float'])} | "
-            f"{_fmt(s['lazy-float-nocheck'])} | {_fmt(s['standard'])} | "
+            f"{rec['similarity_matrix_MiB']:.1f} | {rec['similarity_ms']:.3f} | "
+            f"{_fmt(s['lazy'])} | {_fmt(s['lazy-float'])} | {_fmt(s['lazy-float-nocheck'])} | "
+            f"{_fmt(s['standard'])} | {_fmt(s['dispersion'])} | "
             f"{_fmt(s['numpy-lazy'])} | {apricot} | {rec['total_lazy_ms']:.2f} | {speeds} | "
             f"{'n/a' if same is None else ('yes' if same else 'no')} |"
         )

@@ -79,6 +79,9 @@ class ReplayConfig(_Section):
     p_oracle: Pair = (0.75, 0.25)
     """Oracle replay: probability that an on-policy batch has rows spliced from the oracle."""
     oracle_fraction: Annotated[float, Field(ge=0, le=1)] = 0.7
+    subm_diversity: Literal["facility", "dispersion"] = "facility"
+    """SubM's diversity term: the paper's facility location, or the released reference code's
+    dispersion rule w_div (1 - max_{s in S} sim(x, s)) for comparison runs."""
 
 
 class RewardConfig(_Section):

@@ -145,7 +145,12 @@ class Trainer:
         if kind == "oracle":
             return make_buffer("oracle", items=self._oracle_items())
         if kind == "subm":
-            return make_buffer("subm", task=self.cfg.task, capacity=capacity)
+            return make_buffer(
+                "subm",
+                task=self.cfg.task,
+                capacity=capacity,
+                diversity=self.cfg.replay.subm_diversity,
+            )
         return make_buffer(kind, capacity=capacity)
 
     def _oracle_items(self) -> list[ReplayItem]:

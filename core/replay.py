@@ -25,7 +25,9 @@ JSON-able values only, so a checkpoint restores sampling exactly).
   positive are not kept, so with it the buffer can hold fewer than ``capacity`` items. Similarity
   is Jaccard on k-gram shingles of the text (or tokens) or Tanimoto on ``item.features`` (packed
   uint64 fingerprints); an item without features is dissimilar to everything. Only new x all
-  similarities are computed per refresh (``SimilarityCache``).
+  similarities are computed per refresh (``SimilarityCache.quantised``, which keeps the
+  2**-15 fixed-point matrix the selection works on). ``diversity="dispersion"`` swaps the
+  facility term for the reference code's dispersion rule, for comparison runs.
 - Oracle: uniform draws from a given solution set (Expr24's enumerated answers).
 """
 
@@ -45,7 +47,7 @@ from raptb.core.similarity import (
     TanimotoSimilarity,
     edit_distances,
 )
-from raptb.core.subm import power_bin_alpha, subm_select
+from raptb.core.subm import DIVERSITY, power_bin_alpha, subm_select
 
 
 @dataclass(frozen=True, eq=False)
@@ -456,6 +458,7 @@ class SubmodularBuffer(ReplayBuffer):
         length_alpha_power: float | None = None,
         reward: str = "u",
         method: str = "lazy",
+        diversity: str = "facility",
     ) -> None:
         super().__init__()
         if capacity < 1:
@@ -475,6 +478,8 @@ class SubmodularBuffer(ReplayBuffer):
             raise ValueError(f"method must be 'standard' or 'lazy' (deterministic), got {method!r}")
         if not 0.0 <= gating_ratio <= 1.0:
             raise ValueError(f"gating_ratio must be in [0, 1], got {gating_ratio}")
+        if diversity not in DIVERSITY:
+            raise ValueError(f"diversity must be one of {DIVERSITY}, got {diversity!r}")
         self.capacity = int(capacity)
         self.w_rew, self.w_val, self.w_div, self.w_len = map(float, (w_rew, w_val, w_div, w_len))
         self.gating_ratio = float(gating_ratio)
@@ -485,6 +490,7 @@ class SubmodularBuffer(ReplayBuffer):
         self.length_alpha_power = length_alpha_power
         self.reward = reward
         self.method = method
+        self.diversity = diversity
         self._caches: dict[str, SimilarityCache] = {}
         self.last_refresh_size = 0
 
@@ -503,6 +509,7 @@ class SubmodularBuffer(ReplayBuffer):
             "length_alpha_power": self.length_alpha_power,
             "reward": self.reward,
             "method": self.method,
+            "diversity": self.diversity,
         }
 
     def _backend(self) -> object:
@@ -560,6 +567,7 @@ class SubmodularBuffer(ReplayBuffer):
             valid=np.array([it.valid for it in cand], dtype=bool),
             gating_ratio=self.gating_ratio,
             method=self.method,
+            diversity=self.diversity,
         )
         self._stores[prompt] = [cand[i] for i in picked]
 

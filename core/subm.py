@@ -28,6 +28,9 @@ monotone the bound also holds in floating point, so lazy returns the same select
 with ties broken identically, lowest index first) and ``stochastic`` (Mirzasoleiman et al. 2015:
 each step scans a random sample of ceil(n / budget * log(1 / epsilon)) remaining candidates).
 
+``diversity="dispersion"`` swaps the facility term for the released reference code's rule,
+w_div (1 - max_{s in S} sim(x, s)), for comparison runs (see ``subm_select``).
+
 Precision (fixed point): every method, and ``subm_value``, works on a uint16 copy of the
 similarity rounded to the grid k / 2**15 (``quantise_similarity``), so **selection is on the
 quantised similarity**: two items whose float gains differ by less than about |P| * 2**-16 may
@@ -51,6 +54,7 @@ import numba as nb
 import numpy as np
 
 METHODS = ("standard", "lazy", "stochastic")
+DIVERSITY = ("facility", "dispersion")
 
 
 #: Fixed-point scale: similarities are rounded to the grid k / 2**15, k in [0, 2**15], held as
@@ -179,6 +183,17 @@ def _facility_four(q: np.ndarray, xs: np.ndarray, msim: np.ndarray, out: np.ndar
     out[3] = t3
 
 
+@nb.njit(cache=True, inline="always")
+def _diversity(q: np.ndarray, x: int, msim: np.ndarray, w_div: float, dispersion: bool) -> int:
+    """Integer diversity gain of x: facility sum_v max(0, q[x, v] - msim[v]), or for the
+    dispersion rule 2**15 - msim[x] (msim[x] = max_{s in S} q[x, s] by symmetry)."""
+    if w_div == 0.0:
+        return 0
+    if dispersion:
+        return SCALE - np.int64(msim[x])
+    return _facility_full(q, x, msim)
+
+
 @nb.njit(cache=True)
 def _score(
     x: int,
@@ -218,8 +233,9 @@ def _greedy_standard(
     budget: int,
     w_div: float,
     w_len: float,
+    dispersion: bool,
 ) -> np.ndarray:
-    """Reference loop: every step scans every full row."""
+    """Reference loop: every step scans every full row (dispersion: every msim entry)."""
     n = q.shape[0]
     msim = np.zeros(n, dtype=np.uint16)
     counts = np.zeros(alpha.shape[0], dtype=np.int64)
@@ -232,7 +248,7 @@ def _greedy_standard(
         for x in range(n):
             if taken[x]:
                 continue
-            fac = _facility_full(q, x, msim) if w_div != 0.0 else 0
+            fac = _diversity(q, x, msim, w_div, dispersion)
             g = _score(x, fac, static, bins, alpha, counts, w_div, w_len)
             if g > best:
                 best = g
@@ -296,10 +312,12 @@ def _greedy_lazy(
     w_len: float,
     rowsum: np.ndarray,
     batched: bool,
+    dispersion: bool,
 ) -> np.ndarray:
     """Lazy greedy. ``rowsum``: row sums of q (the initial facility gains, from the quantisation
     pass), or an empty array to compute them here. ``batched``: re-evaluate up to four stale
-    tops per pass (same selection)."""
+    tops per pass (same selection). ``dispersion``: the dispersion rule, whose gains also only
+    shrink as S grows, so stale gains stay upper bounds (re-evaluation is O(1) there)."""
     n = q.shape[0]
     msim = np.zeros(n, dtype=np.uint16)
     counts = np.zeros(alpha.shape[0], dtype=np.int64)
@@ -309,12 +327,10 @@ def _greedy_lazy(
     stamp = np.zeros(n, dtype=np.int64)
     have_sums = rowsum.shape[0] == n
     for x in range(n):
-        if w_div == 0.0:
-            fac = 0
-        elif have_sums:
+        if have_sums and w_div != 0.0 and not dispersion:
             fac = rowsum[x]
         else:
-            fac = _facility_full(q, x, msim)
+            fac = _diversity(q, x, msim, w_div, dispersion)
         keys[x] = _score(x, fac, static, bins, alpha, counts, w_div, w_len)
     batch = np.zeros(4, dtype=np.int64)
     facs = np.zeros(4, dtype=np.int64)
@@ -334,9 +350,9 @@ def _greedy_lazy(
             size -= 1
             keys[0], ids[0], stamp[0] = keys[size], ids[size], stamp[size]
             _sift_down(keys, ids, stamp, 0, size)
-        elif w_div == 0.0 or not batched:
+        elif w_div == 0.0 or not batched or dispersion:
             x = ids[0]
-            fac = _facility_full(q, x, msim) if w_div != 0.0 else 0
+            fac = _diversity(q, x, msim, w_div, dispersion)
             keys[0] = _score(x, fac, static, bins, alpha, counts, w_div, w_len)
             stamp[0] = k
             _sift_down(keys, ids, stamp, 0, size)
@@ -374,6 +390,7 @@ def _greedy_stochastic(
     w_len: float,
     sample_size: int,
     rng: np.random.Generator,
+    dispersion: bool,
 ) -> np.ndarray:
     n = q.shape[0]
     msim = np.zeros(n, dtype=np.uint16)
@@ -396,7 +413,7 @@ def _greedy_stochastic(
             limit = s if scan == 0 else remaining
             for p in range(limit):
                 x = pool[p]
-                fac = _facility_full(q, x, msim) if w_div != 0.0 else 0
+                fac = _diversity(q, x, msim, w_div, dispersion)
                 g = _score(x, fac, static, bins, alpha, counts, w_div, w_len)
                 if g > best or (g == best and x < pool[best_pos]):
                     best = g
@@ -640,6 +657,7 @@ def subm_select(
     epsilon: float = 0.1,
     rng: np.random.Generator | None = None,
     check_symmetry: bool = True,
+    diversity: str = "facility",
 ) -> np.ndarray:
     """Greedy SubM selection; returns int64 indices into the ground set, in selection order.
 
@@ -661,7 +679,15 @@ def subm_select(
             much as the lazy selection at |G| = 4096; callers whose matrix is symmetric by
             construction may turn it off (or pass ``SimilarityCache.quantised``'s matrix, which
             needs neither the check nor the rounding). Range and NaN checks always run.
+        diversity: ``facility`` (default: the paper's facility-location term above) or
+            ``dispersion``, the released reference code's rule, offered for comparison: the
+            diversity gain of x is w_div (1 - max_{s in S} sim(x, s)) (w_div for S empty). It
+            is not the marginal gain of a set function, so no approximation guarantee holds,
+            but gains still only shrink as S grows and ``lazy`` still equals ``standard``.
     """
+    if diversity not in DIVERSITY:
+        raise ValueError(f"diversity must be one of {DIVERSITY}, got {diversity!r}")
+    dispersion = diversity == "dispersion"
     if isinstance(budget, bool) or not isinstance(budget, int | np.integer) or budget < 0:
         raise ValueError(f"budget must be a non-negative integer, got {budget!r}")
     if method not in METHODS:
@@ -673,10 +699,12 @@ def subm_select(
     if budget == 0 or pool.size == 0:
         return np.empty(0, dtype=np.int64)
     if method == "standard":
-        picked = _greedy_standard(sim, static_p, bins_p, alpha, budget, w_div, w_len)
+        picked = _greedy_standard(sim, static_p, bins_p, alpha, budget, w_div, w_len, dispersion)
     elif method == "lazy":
         batched = pool.size >= LAZY_BATCH_MIN_N
-        picked = _greedy_lazy(sim, static_p, bins_p, alpha, budget, w_div, w_len, rowsum, batched)
+        picked = _greedy_lazy(
+            sim, static_p, bins_p, alpha, budget, w_div, w_len, rowsum, batched, dispersion
+        )
     else:
         if not 0.0 < epsilon < 1.0:
             raise ValueError(f"epsilon must be in (0, 1), got {epsilon}")
@@ -685,7 +713,7 @@ def subm_select(
         m = pool.size
         sample_size = max(1, math.ceil(m / min(budget, m) * math.log(1.0 / epsilon)))
         picked = _greedy_stochastic(
-            sim, static_p, bins_p, alpha, budget, w_div, w_len, sample_size, rng
+            sim, static_p, bins_p, alpha, budget, w_div, w_len, sample_size, rng, dispersion
         )
     return pool[picked]
 

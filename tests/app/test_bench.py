@@ -42,7 +42,14 @@ def test_bench_subm_json_reports_every_method():
     ]
     for rec in records:
         sel = rec["selection_ms"]
-        for name in ("lazy", "lazy-float", "lazy-float-nocheck", "standard", "numpy-lazy"):
+        for name in (
+            "lazy",
+            "lazy-float",
+            "lazy-float-nocheck",
+            "standard",
+            "numpy-lazy",
+            "dispersion",
+        ):
             assert sel[name] > 0.0, name
         assert rec["similarity_ms"] > 0.0
         assert rec["total_lazy_ms"] == rec["similarity_ms"] + sel["lazy"]
@@ -58,6 +65,6 @@ def test_bench_subm_table_and_bad_data(monkeypatch):
     table = runner.invoke(app, ["bench", "subm", "--sizes", "", "--repeats", "1"])
     assert table.exit_code == 0, table.output
     rows = [line for line in table.output.splitlines() if line.startswith("| 232 ")]
-    assert len(rows) == 2 and all(row.count("|") == 16 for row in rows)
+    assert len(rows) == 2 and all(row.count("|") == 18 for row in rows)
     bad = runner.invoke(app, ["bench", "subm", "--data", "nope"])
     assert bad.exit_code == 2

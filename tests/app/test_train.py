@@ -52,9 +52,17 @@ def test_every_objective_trains(tmp_path, loss):
     assert changed(before, trainer)
 
 
-@pytest.mark.parametrize("replay", ["none", "rp", "prt", "subm", "oracle"])
+@pytest.mark.parametrize("replay", ["none", "rp", "prt", "subm", "subm-dispersion", "oracle"])
 def test_every_replay_trains(tmp_path, replay):
-    cfg = small_config(steps=3, **{"replay.kind": replay, "replay.p_replay": (0.9, 0.9)})
+    kind, _, diversity = replay.partition("-")
+    cfg = small_config(
+        steps=3,
+        **{
+            "replay.kind": kind,
+            "replay.p_replay": (0.9, 0.9),
+            "replay.subm_diversity": diversity or "facility",
+        },
+    )
     trainer = Trainer(cfg, tmp_path, progress=False)
     before = weights(trainer)
     trainer.train()
@@ -66,6 +74,8 @@ def test_every_replay_trains(tmp_path, replay):
     else:
         assert len(trainer.buffer) > 0
         assert any(r["replay_frac"] > 0 for r in logged)  # 0.9 replay after the first fill
+    if kind == "subm":
+        assert trainer.buffer.config()["diversity"] == (diversity or "facility")
 
 
 def test_oracle_buffer_holds_the_enumerated_solutions(tmp_path):
@@ -167,6 +177,7 @@ def test_config_file_and_flags(tmp_path):
         ("[optim]\nlr = -1.0\n", "optim.lr"),
         ("[objective]\nalpha = 2.0\n", "objective.alpha"),
         ('[replay]\nkind = "best"\n', "replay.kind"),
+        ('[replay]\nsubm_diversity = "coverage"\n', "replay.subm_diversity"),
         ("bogus = 1\n", "bogus"),
         ("steps = [\n", "not valid TOML"),
     ],

@@ -167,9 +167,10 @@ def _expr_items(rng, n, prompt="p"):
     return out
 
 
-def test_subm_refresh_equals_direct_selection_on_deduplicated_ground_set():
+@pytest.mark.parametrize("diversity", ["facility", "dispersion"])
+def test_subm_refresh_equals_direct_selection_on_deduplicated_ground_set(diversity):
     rng = np.random.default_rng(1)
-    buf = make_buffer("subm", task="expr24", capacity=15)
+    buf = make_buffer("subm", task="expr24", capacity=15, diversity=diversity)
     first = _expr_items(rng, 30)
     buf.add(first)
     assert 0 < len(buf) <= 15
@@ -192,8 +193,12 @@ def test_subm_refresh_equals_direct_selection_on_deduplicated_ground_set():
         w_len=0.0,
         valid=np.array([c.valid for c in cand]),
         gating_ratio=1.0,
+        diversity=diversity,
     )
     assert [it.text for it in buf.items()] == [cand[i].text for i in want]
+    assert buf.config()["diversity"] == diversity
+    with pytest.raises(ValueError, match="diversity"):
+        make_buffer("subm", task="expr24", diversity="coverage")
 
 
 def test_subm_smiles_preset_uses_fingerprints_and_dedups_canonical():
