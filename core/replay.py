@@ -570,6 +570,7 @@ class SubmodularBuffer(ReplayBuffer):
             diversity=self.diversity,
         )
         self._stores[prompt] = [cand[i] for i in picked]
+        cache.retain([keys[i] for i in picked])  # |B|^2 entries between refreshes, not |G|^2
 
     def _load_extra_state(self, extra: dict[str, Any]) -> None:
         del extra

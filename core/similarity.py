@@ -46,6 +46,8 @@ from raptb.core.subm import (
 )
 
 _MASK64 = (1 << 64) - 1
+#: Most float32 similarities ``SimilarityCache.quantised`` asks a backend for at once (64 MiB).
+_BLOCK_ELEMENTS = 1 << 24
 
 
 @intrinsic
@@ -361,6 +363,21 @@ class SimilarityCache:
         self.pairs_computed += block.size
         return block
 
+    def retain(self, keys: Sequence[Hashable]) -> None:
+        """Keep only these cached keys (in this order), e.g. the items a refresh selected, so
+        that the cache holds |kept|^2 entries between refreshes instead of the ground set's."""
+        missing = [k for k in keys if k not in self._index]
+        if missing:
+            raise ValueError(f"retain: {len(missing)} keys are not cached, e.g. {missing[0]!r}")
+        pos = np.array([self._index[k] for k in keys], dtype=np.int64)
+        if self._form == "float":
+            self._matrix = np.ascontiguousarray(self._matrix[np.ix_(pos, pos)])
+        else:
+            self._fixed = QuantisedSimilarity(
+                np.ascontiguousarray(self._fixed.values[np.ix_(pos, pos)]), check=False
+            )
+        self._index = {key: i for i, key in enumerate(keys)}
+
     def matrix(self, keys: Sequence[Hashable], features: Sequence[object]) -> np.ndarray:
         index, kept_pos, old_pos, new_pos = self._plan(keys, features, "float")
         n = len(keys)
@@ -390,7 +407,15 @@ class SimilarityCache:
         new_of = np.full(n, -1, dtype=np.int64)
         new_of[new_pos] = np.arange(len(new_pos))
         if new_pos:
-            blockq, block_sums = quantise_rows(self._block(features, new_pos))
+            # Row chunks keep the float32 kernel output at <= 64 MiB whatever the ground set.
+            blockq = np.empty((len(new_pos), n), dtype=np.uint16)
+            block_sums = np.empty(len(new_pos), dtype=np.int64)
+            step = max(1, _BLOCK_ELEMENTS // max(n, 1))
+            for c0 in range(0, len(new_pos), step):
+                part = new_pos[c0 : c0 + step]
+                blockq[c0 : c0 + len(part)], block_sums[c0 : c0 + len(part)] = quantise_rows(
+                    self._block(features, part)
+                )
             if not getattr(self.similarity, "symmetric", False):
                 asym = max_asymmetry(np.ascontiguousarray(blockq[:, new_pos]))
                 if asym > SYMMETRY_STEPS:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import raptb.core.similarity as similarity_module
 from raptb.core.similarity import (
     ShingleJaccardSimilarity,
     SimilarityCache,
@@ -154,10 +157,21 @@ def test_cache_equals_recomputation_and_computes_only_new_pairs(seed, rounds):
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), rounds=st.integers(1, 6), jaccard=st.booleans())
-def test_quantised_cache_equals_rounded_recomputation(seed, rounds, jaccard):
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    rounds=st.integers(1, 6),
+    jaccard=st.booleans(),
+    chunk=st.sampled_from([1 << 24, 1, 7, 40]),
+)
+def test_quantised_cache_equals_rounded_recomputation(seed, rounds, jaccard, chunk):
     # Keys come and go in random order across refreshes; every refresh must equal rounding the
-    # full recomputed matrix (values and row sums) while computing only new x all pairs.
+    # full recomputed matrix (values and row sums) while computing only new x all pairs, also
+    # when the new x all block is asked for in row chunks (chunk = float32 elements per call).
+    with mock.patch.object(similarity_module, "_BLOCK_ELEMENTS", chunk):
+        _check_quantised_cache(seed, rounds, jaccard)
+
+
+def _check_quantised_cache(seed: int, rounds: int, jaccard: bool) -> None:
     rng = np.random.default_rng(seed)
     if jaccard:
         universe: list = [
@@ -180,6 +194,28 @@ def test_quantised_cache_equals_rounded_recomputation(seed, rounds, jaccard):
         n_new = sum(k not in previous for k in keys)
         assert cache.pairs_computed - before == n_new * len(keys)
         previous = set(keys)
+        if rng.random() < 0.5:  # what the SubM buffer does after selecting
+            kept = [keys[i] for i in rng.permutation(len(keys))[: int(rng.integers(0, 4))]]
+            cache.retain(kept)
+            previous = set(kept)
+
+
+def test_cache_retain_keeps_only_given_keys_in_both_forms():
+    fps = pack_bits(np.random.default_rng(0).random((6, 64)) < 0.3)
+    for form in ("matrix", "quantised"):
+        cache = SimilarityCache(TanimotoSimilarity())
+        getattr(cache, form)(list("abcd"), list(fps[:4]))
+        cache.retain(["c", "a"])
+        before = cache.pairs_computed
+        got = getattr(cache, form)(["a", "e", "c"], [fps[0], fps[4], fps[2]])
+        assert cache.pairs_computed - before == 3  # only e x all
+        want = tanimoto_matrix(fps[[0, 4, 2]])
+        if form == "quantised":
+            want = QuantisedSimilarity.from_float(want).values
+            got = got.values
+        np.testing.assert_array_equal(got, want)
+        with pytest.raises(ValueError, match="not cached"):
+            cache.retain(["a", "z"])
 
 
 @settings(max_examples=30, deadline=None)
