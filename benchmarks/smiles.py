@@ -4,6 +4,7 @@ Usage (from the repository root):
 
     python benchmarks/smiles.py [--model smollm2-135m] [--threads 1] [--repeats 3] [--markdown]
     python benchmarks/smiles.py --model llama-1b-random --tokenizer DIR   # GPU, bf16
+    python benchmarks/smiles.py ... --grammar-threads 1,8   # mask filling with 1 and 8 threads
 
 For the model (with LoRA r16 on every projection, as in training) and B = 32 rows, T = 10:
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import platform
 import statistics
 import time
@@ -89,6 +91,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument(
+        "--grammar-threads",
+        default="auto",
+        help="comma-separated xgrammar thread counts to time the grammar rollout with; 'auto' is "
+        "the trainer's rule (min(8, cores) on CUDA, 1 on CPU)",
+    )
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -102,8 +110,20 @@ def main() -> None:
     generator = torch.Generator(device=device).manual_seed(0)
     rows: list[tuple[str, str]] = []
     texts: list[str] = []
-    for grammar in (task.grammar, None):
-        policy = HFPolicy(model, tokenizer, legal_ids=legal, stop_id=stop, grammar=grammar)
+    if args.grammar_threads == "auto":
+        grammar_threads = [min(8, os.cpu_count() or 1) if device.type == "cuda" else 1]
+    else:
+        grammar_threads = [int(t) for t in args.grammar_threads.split(",")]
+    runs = [(task.grammar, t) for t in grammar_threads] + [(None, 1)]
+    for grammar, n_threads in runs:
+        policy = HFPolicy(
+            model,
+            tokenizer,
+            legal_ids=legal,
+            stop_id=stop,
+            grammar=grammar,
+            grammar_threads=n_threads,
+        )
 
         def rollout(policy: HFPolicy = policy):  # type: ignore[no-untyped-def]
             return policy.sample(
@@ -126,7 +146,11 @@ def main() -> None:
         share = out.timings.grammar_s / out.timings.total_s
         tokens = int(out.length.sum())
         micro, _ = median_time(micro_batch, args.repeats)
-        label = "grammar + legal tokens" if grammar else "legal tokens only"
+        label = (
+            f"grammar ({n_threads} thread{'s' if n_threads > 1 else ''}) + legal tokens"
+            if grammar
+            else "legal tokens only"
+        )
         rows.append(
             (
                 f"rollout, {label}",
