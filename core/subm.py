@@ -456,7 +456,8 @@ class QuantisedSimilarity:
     ``values`` is a C-contiguous uint16 [n, n] matrix (value k means similarity k / 2**15) and
     ``row_sums`` its int64 row sums (the facility gains against the empty set). Passing one to
     ``subm_select`` or ``subm_value`` skips the float -> grid rounding and the all-pairs
-    symmetry check, which at |G| = 4096 cost about as much as the lazy selection itself.
+    symmetry check, which at |G| = 4096 cost about twice the lazy selection itself
+    (~8 + ~18 ms against ~12 ms on a 2-core EPYC; benchmarks/subm.md).
 
     Build one with ``from_float`` (rounds and checks a float matrix), with the constructor
     (checks range and symmetry of a uint16 matrix unless ``check=False``), or let
@@ -675,10 +676,11 @@ def subm_select(
         epsilon: stochastic greedy accuracy in (0, 1); sample size ceil(n / budget log(1/eps)).
         rng: generator seeding the stochastic method (required for it, ignored otherwise).
         check_symmetry: for a float ``similarity``, verify |S - S^T| <= one grid step
-            (2**-15) over all pairs. The check reads the matrix column-wise and costs about as
-            much as the lazy selection at |G| = 4096; callers whose matrix is symmetric by
-            construction may turn it off (or pass ``SimilarityCache.quantised``'s matrix, which
-            needs neither the check nor the rounding). Range and NaN checks always run.
+            (2**-15) over all pairs. The check reads the matrix column-wise and costs more
+            than the lazy selection at |G| = 4096 (~18 vs ~12 ms); callers whose matrix is
+            symmetric by construction may turn it off (or pass ``SimilarityCache.quantised``'s
+            matrix, which needs neither the check nor the rounding). Range and NaN checks
+            always run.
         diversity: ``facility`` (default: the paper's facility-location term above) or
             ``dispersion``, the released reference code's rule, offered for comparison: the
             diversity gain of x is w_div (1 - max_{s in S} sim(x, s)) (w_div for S empty). It
