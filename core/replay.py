@@ -431,6 +431,19 @@ SUBM_PRESETS: dict[str, dict[str, Any]] = {
         "similarity": "tanimoto",
         "length_bin_size": 1,
     },
+    # Custom tasks (any string reward): the paper's string similarity (Jaccard on character
+    # 2-grams of the text) with every term on, length-aware like the SMILES column, no gating.
+    "custom": {
+        "w_rew": 1.0,
+        "w_val": 1.0,
+        "w_div": 1.0,
+        "w_len": 1.0,
+        "gating_ratio": 0.0,
+        "similarity": "jaccard",
+        "shingle_k": 2,
+        "shingle_on": "text",
+        "length_bin_size": 1,
+    },
 }
 
 
@@ -599,7 +612,8 @@ BUFFER_KINDS = ("rp", "prt", "subm", "oracle")
 
 
 def make_buffer(kind: str, **kwargs: Any) -> ReplayBuffer:
-    """Build a buffer with the paper's defaults; ``subm`` takes ``task='expr24' | 'smiles'``.
+    """Build a buffer with the paper's defaults; ``subm`` takes ``task='expr24' | 'smiles' |
+    'custom'`` (``SUBM_PRESETS``).
 
     Keyword arguments override the defaults (e.g. ``capacity``); ``oracle`` takes ``items``.
     """

@@ -65,7 +65,8 @@ def test_custom_task_needs_a_reward():
         build_config(overrides={"task": "custom"})
 
 
-def test_train_and_eval_a_custom_task(reward_module, tmp_path):
+@pytest.mark.parametrize("replay", ["rp", "subm"])
+def test_train_and_eval_a_custom_task(reward_module, tmp_path, replay):
     grammar = tmp_path / "ab.ebnf"
     grammar.write_text('root ::= [ab]+ "b"\n')
     config = tmp_path / "task.toml"
@@ -78,7 +79,7 @@ def test_train_and_eval_a_custom_task(reward_module, tmp_path):
     runner = CliRunner()
     args = ["train", "--config", str(config), "--reward", f"{reward_module}:count_a"]
     args += ["--steps", "2", "--batch-size", "8", "--grad-accum", "1", "--out", str(run)]
-    trained = runner.invoke(app, [*args, "--no-progress", "--replay", "rp"])
+    trained = runner.invoke(app, [*args, "--no-progress", "--replay", replay])
     assert trained.exit_code == 0, trained.output
     out = runner.invoke(app, ["eval", str(run), "--samples", "40", "--json"])
     assert out.exit_code == 0, out.output
