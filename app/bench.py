@@ -24,11 +24,13 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import numpy as np
 import typer
 
+from raptb.app.plots import plot_subm_scaling
 from raptb.core.similarity import (
     ShingleJaccardSimilarity,
     SimilarityCache,
@@ -219,6 +221,10 @@ def subm(
     ),
     data: str = typer.Option("scaffold", help="Fingerprint data: scaffold or iid."),
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable results."),
+    plot: Annotated[
+        Path | None,
+        typer.Option(help="Also write a log-log PNG of refresh time against |G| to this path."),
+    ] = None,
 ) -> None:
     """Time SubM refreshes: paper setting (B = 200, |G| = 232) and a |G| sweep with B = |G|/8."""
     if data not in ("scaffold", "iid"):
@@ -233,6 +239,8 @@ def subm(
             bench_refresh(n, n // 8, "tanimoto", data, repeats, slow_limit, slow_repeats=slow)
         )
     result = {"machine": platform.processor() or platform.machine(), "records": records}
+    if plot is not None:
+        plot_subm_scaling(records, plot)
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return

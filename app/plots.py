@@ -164,3 +164,46 @@ def plot_training_curves(
         axes.grid(alpha=0.3)
     figure.suptitle("Training curves")
     return _save(figure, path)
+
+
+#: Series of ``plot_subm_scaling``: key in a bench record's ``selection_ms`` (or the record's
+#: ``similarity_ms``) and its legend label.
+SUBM_SERIES = (
+    ("lazy", "lazy (fixed-point cache, buffer path)"),
+    ("lazy-float", "lazy from float32 (rounding + symmetry check)"),
+    ("standard", "standard greedy"),
+    ("numpy-lazy", "numpy lazy baseline"),
+    ("apricot-warm", "apricot FacilityLocation (warm)"),
+    ("dispersion", "dispersion rule (lazy)"),
+    ("similarity", "similarity refresh (new x all)"),
+)
+
+
+def plot_subm_scaling(records: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
+    """Log-log refresh time against |G| for the sweep records of ``raptb bench subm`` (the
+    paper-setting records, B = 200 at |G| = 232, are left out: they are not on the B = |G|/8
+    line)."""
+    sweep = sorted(
+        (r for r in records if r["budget"] * 8 == r["n"] and r["backend"] == "tanimoto"),
+        key=lambda r: r["n"],
+    )
+    figure = Figure(figsize=(7.5, 4.8))
+    ax = figure.add_subplot()
+    for key, label in SUBM_SERIES:
+        points = [
+            (r["n"], r["similarity_ms"] if key == "similarity" else r["selection_ms"].get(key))
+            for r in sweep
+        ]
+        points = [(n, ms) for n, ms in points if ms is not None]
+        if points:
+            style = "--" if key == "similarity" else "-"
+            ax.plot(*zip(*points, strict=True), style, marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("|G| (ground set; B = |G| / 8)")
+    ax.set_ylabel("ms per refresh (median)")
+    ax.set_title("SubM refresh: selection time by method")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    figure.tight_layout()
+    return _save(figure, path)

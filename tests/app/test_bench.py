@@ -59,11 +59,14 @@ def test_bench_subm_json_reports_every_method():
             assert sel["apricot-first"] > 0.0 and sel["apricot-warm"] > 0.0
 
 
-def test_bench_subm_table_and_bad_data(monkeypatch):
+def test_bench_subm_table_plot_and_bad_data(monkeypatch, tmp_path):
     monkeypatch.setattr(bench_module, "_apricot", lambda: None)  # its timing path: test above
     runner = CliRunner()
-    table = runner.invoke(app, ["bench", "subm", "--sizes", "", "--repeats", "1"])
+    png = tmp_path / "plots" / "scaling.png"
+    args = ["bench", "subm", "--sizes", "32,64", "--repeats", "1", "--plot", str(png)]
+    table = runner.invoke(app, args)
     assert table.exit_code == 0, table.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = [line for line in table.output.splitlines() if line.startswith("| 232 ")]
     assert len(rows) == 2 and all(row.count("|") == 18 for row in rows)
     bad = runner.invoke(app, ["bench", "subm", "--data", "nope"])
