@@ -27,6 +27,7 @@ every row, so rows are aligned without padding; tokens after a row's stop are ig
 from __future__ import annotations
 
 import copy
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -80,6 +81,13 @@ def _log_probs(
     log_norm = torch.logsumexp(logits, dim=-1)
     chosen = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - log_norm
     return chosen, logits[..., stop_id] - log_norm
+
+
+def default_grammar_threads(device: torch.device) -> int:
+    """Threads for xgrammar's mask filling: on a GPU the model step is fast and filling masks
+    over a large legal vocabulary dominates the rollout unless it uses several CPU threads
+    (min(8, cores)); on CPU one thread leaves the cores to torch."""
+    return min(8, os.cpu_count() or 1) if device.type == "cuda" else 1
 
 
 class HFPolicy:

@@ -74,27 +74,44 @@ def plot_prefix_diagnostics(
     return _save(figure, path)
 
 
+def _bars_by_length(
+    heights: Mapping[int, float],
+    counts: Mapping[int, int],
+    ylabel: str,
+    title: str,
+    empty: str,
+    color: str | None = None,
+) -> Figure:
+    """Bars of ``heights[n]`` against length n with ``n=<count>`` above each bar."""
+    figure = Figure(figsize=(6, 4), layout="constrained")
+    axes = figure.add_subplot()
+    sizes = sorted(heights)
+    if sizes:
+        bars = axes.bar(sizes, [heights[n] for n in sizes], width=0.8, color=color)
+        axes.bar_label(bars, labels=[f"n={int(counts[n])}" for n in sizes])
+        # Headroom so the count labels above the tallest bar stay inside the axes.
+        axes.margins(y=0.12)
+        axes.set_xticks(sizes)
+    else:
+        axes.text(0.5, 0.5, empty, ha="center", va="center")
+    axes.set_xlabel("length (tokens before stop)")
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
+    return figure
+
+
 def plot_score_by_length(lengths: Iterable[int], scores: Iterable[float], path: str | Path) -> Path:
     """Mean task score per length with the sample count written above each bar."""
     sizes = np.asarray(list(lengths), dtype=np.int64)
     values = np.asarray(list(scores), dtype=np.float64)
     if sizes.shape != values.shape:
         raise ValueError(f"lengths and scores differ in shape: {sizes.shape} vs {values.shape}")
-    figure = Figure(figsize=(6, 4), layout="constrained")
-    axes = figure.add_subplot()
-    if sizes.size:
-        unique_sizes = np.unique(sizes)
-        means = [values[sizes == n].mean() for n in unique_sizes]
-        bars = axes.bar(unique_sizes, means, width=0.8, color="tab:green")
-        axes.bar_label(bars, labels=[f"n={int((sizes == n).sum())}" for n in unique_sizes])
-        # Headroom so the count labels above the tallest bar stay inside the axes.
-        axes.margins(y=0.12)
-        axes.set_xticks(unique_sizes)
-    else:
-        axes.text(0.5, 0.5, "no samples", ha="center", va="center")
-    axes.set_xlabel("length (tokens before stop)")
-    axes.set_ylabel("mean score")
-    axes.set_title("Score by length")
+    unique_sizes = [int(n) for n in np.unique(sizes)]
+    means = {n: float(values[sizes == n].mean()) for n in unique_sizes}
+    counts = {n: int((sizes == n).sum()) for n in unique_sizes}
+    figure = _bars_by_length(
+        means, counts, "mean score", "Score by length", "no samples", color="tab:green"
+    )
     return _save(figure, path)
 
 
@@ -103,19 +120,9 @@ def plot_metric_by_length(
 ) -> Path:
     """Bar chart of ``by_length[n][key]`` against length n (a metrics.json per-length table),
     with each length's sample ``count`` above its bar."""
-    sizes = sorted(int(n) for n in by_length)
-    figure = Figure(figsize=(6, 4), layout="constrained")
-    axes = figure.add_subplot()
-    if sizes:
-        bars = axes.bar(sizes, [by_length[str(n)][key] for n in sizes], width=0.8)
-        axes.bar_label(bars, labels=[f"n={int(by_length[str(n)]['count'])}" for n in sizes])
-        axes.margins(y=0.12)
-        axes.set_xticks(sizes)
-    else:
-        axes.text(0.5, 0.5, "no valid samples", ha="center", va="center")
-    axes.set_xlabel("length (tokens before stop)")
-    axes.set_ylabel(key)
-    axes.set_title(title)
+    heights = {int(n): row[key] for n, row in by_length.items()}
+    counts = {int(n): int(row["count"]) for n, row in by_length.items()}
+    figure = _bars_by_length(heights, counts, key, title, "no valid samples")
     return _save(figure, path)
 
 
@@ -187,7 +194,7 @@ def plot_subm_scaling(records: Sequence[Mapping[str, Any]], path: str | Path) ->
         (r for r in records if r["budget"] * 8 == r["n"] and r["backend"] == "tanimoto"),
         key=lambda r: r["n"],
     )
-    figure = Figure(figsize=(7.5, 4.8))
+    figure = Figure(figsize=(7.5, 4.8), layout="constrained")
     ax = figure.add_subplot()
     for key, label in SUBM_SERIES:
         points = [
@@ -205,5 +212,4 @@ def plot_subm_scaling(records: Sequence[Mapping[str, Any]], path: str | Path) ->
     ax.set_title("SubM refresh: selection time by method")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    figure.tight_layout()
     return _save(figure, path)

@@ -12,7 +12,6 @@ reference model (only computed when kappa > 0).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from raptb.adapters.custom import CustomTask
 from raptb.adapters.expr24 import Expr24Task
 from raptb.adapters.lora import apply_lora, load_adapter_weights, preferred_dtype
 from raptb.adapters.models import load_model_and_tokenizer
-from raptb.adapters.policy import HFPolicy
+from raptb.adapters.policy import HFPolicy, default_grammar_threads
 from raptb.adapters.smiles import DEFAULT_SCAFFOLD, SmilesTask, read_scaffolds
 from raptb.adapters.tokens import legal_token_ids, stop_token_id
 from raptb.app.config import LoraConfig, TrainConfig
@@ -100,16 +99,13 @@ def build_policy(
         raise ValueError("adapter: loading adapter weights needs lora.rank")
     stop_id = stop_token_id(tokenizer)
     legal = legal_token_ids(tokenizer, task.alphabet, stop_id=stop_id)
-    # On a GPU the model step is fast and mask filling over a large legal vocabulary dominates
-    # the rollout unless it uses several CPU threads; on CPU one thread leaves the cores to torch.
-    threads = min(8, os.cpu_count() or 1) if device.type == "cuda" else 1
     return HFPolicy(
         model,
         tokenizer,
         legal_ids=legal,
         stop_id=stop_id,
         grammar=task.grammar,
-        grammar_threads=threads,
+        grammar_threads=default_grammar_threads(device),
     )
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import platform
 import statistics
 import time
@@ -35,7 +34,7 @@ import torch
 
 from raptb.adapters.lora import apply_lora, preferred_dtype
 from raptb.adapters.models import load_model_and_tokenizer
-from raptb.adapters.policy import HFPolicy
+from raptb.adapters.policy import HFPolicy, default_grammar_threads
 from raptb.adapters.smiles import SmilesTask
 from raptb.adapters.tokens import legal_token_ids, stop_token_id
 
@@ -111,7 +110,7 @@ def main() -> None:
     rows: list[tuple[str, str]] = []
     texts: list[str] = []
     if args.grammar_threads == "auto":
-        grammar_threads = [min(8, os.cpu_count() or 1) if device.type == "cuda" else 1]
+        grammar_threads = [default_grammar_threads(device)]
     else:
         grammar_threads = [int(t) for t in args.grammar_threads.split(",")]
     runs = [(task.grammar, t) for t in grammar_threads] + [(None, 1)]

@@ -37,13 +37,7 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-from raptb.core.subm import (
-    SCALE,
-    SYMMETRY_STEPS,
-    QuantisedSimilarity,
-    max_asymmetry,
-    quantise_rows,
-)
+from raptb.core.subm import QuantisedSimilarity, quantise_rows, require_symmetric
 
 _MASK64 = (1 << 64) - 1
 #: Most float32 similarities ``SimilarityCache.quantised`` asks a backend for at once (64 MiB).
@@ -332,7 +326,7 @@ class SimilarityCache:
     def clear(self) -> None:
         self._index: dict[Hashable, int] = {}
         self._matrix = np.zeros((0, 0), dtype=np.float32)
-        self._fixed = QuantisedSimilarity(np.zeros((0, 0), dtype=np.uint16))
+        self._fixed = np.zeros((0, 0), dtype=np.uint16)  # the uint16 grid values
         self._form = "float"
 
     def _plan(
@@ -373,9 +367,7 @@ class SimilarityCache:
         if self._form == "float":
             self._matrix = np.ascontiguousarray(self._matrix[np.ix_(pos, pos)])
         else:
-            self._fixed = QuantisedSimilarity(
-                np.ascontiguousarray(self._fixed.values[np.ix_(pos, pos)]), check=False
-            )
+            self._fixed = np.ascontiguousarray(self._fixed[np.ix_(pos, pos)])
         self._index = {key: i for i, key in enumerate(keys)}
 
     def matrix(self, keys: Sequence[Hashable], features: Sequence[object]) -> np.ndarray:
@@ -417,21 +409,19 @@ class SimilarityCache:
                     self._block(features, part)
                 )
             if not getattr(self.similarity, "symmetric", False):
-                asym = max_asymmetry(np.ascontiguousarray(blockq[:, new_pos]))
-                if asym > SYMMETRY_STEPS:
-                    raise ValueError(
-                        f"{type(self.similarity).__name__}.pairwise is not symmetric (max "
-                        f"|S - S^T| = {asym / SCALE:.3g} on the new items)"
-                    )
+                require_symmetric(
+                    np.ascontiguousarray(blockq[:, new_pos]),
+                    f"{type(self.similarity).__name__}.pairwise on the new items",
+                )
         else:
             blockq = np.zeros((0, n), dtype=np.uint16)
             block_sums = np.zeros(0, dtype=np.int64)
         out = np.empty((n, n), dtype=np.uint16)
         rowsum = np.empty(n, dtype=np.int64)
-        _assemble_fixed(self._fixed.values, old_of, blockq, block_sums, new_of, out, rowsum)
+        _assemble_fixed(self._fixed, old_of, blockq, block_sums, new_of, out, rowsum)
         self._index = index
-        self._fixed = QuantisedSimilarity(out, rowsum, check=False)
-        return self._fixed
+        self._fixed = out
+        return QuantisedSimilarity(out, rowsum, check=False)
 
 
 @nb.njit(cache=True)

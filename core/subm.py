@@ -450,6 +450,16 @@ def _max_and_row_sums(q: np.ndarray, rowsum: np.ndarray) -> int:
     return worst
 
 
+def require_symmetric(q: np.ndarray, subject: str) -> None:
+    """Raise unless the square uint16 grid matrix q is symmetric within SYMMETRY_STEPS."""
+    asym = max_asymmetry(q) if q.size else 0
+    if asym > SYMMETRY_STEPS:
+        raise ValueError(
+            f"{subject} is not symmetric: max |S - S^T| = {asym / SCALE:.3g} on the 2**-15 "
+            f"grid, at most {SYMMETRY_STEPS} grid step allowed"
+        )
+
+
 class QuantisedSimilarity:
     """A symmetric similarity already on the 2**-15 grid: what every greedy loop works on.
 
@@ -481,11 +491,8 @@ class QuantisedSimilarity:
             top = _max_and_row_sums(q, sums) if q.size else 0
             if check and top > SCALE:
                 raise ValueError(f"values must be at most 2**15 (similarity 1), got {top}")
-            if check and q.size and (asym := max_asymmetry(q)) > SYMMETRY_STEPS:
-                raise ValueError(
-                    f"similarity must be symmetric (max |S - S^T| = {asym / SCALE:.3g}; at most "
-                    f"{SYMMETRY_STEPS} grid step allowed)"
-                )
+            if check:
+                require_symmetric(q, "similarity")
             if row_sums is not None and not np.array_equal(np.asarray(row_sums), sums):
                 raise ValueError("row_sums do not match the row sums of values")
             row_sums = sums
@@ -507,13 +514,8 @@ class QuantisedSimilarity:
         if not np.issubdtype(sim.dtype, np.floating):
             raise ValueError(f"similarity must be a float array, got dtype {sim.dtype}")
         q, rowsum = quantise_rows(sim)
-        if check_symmetry and q.size:
-            asym = max_asymmetry(q)
-            if asym > SYMMETRY_STEPS:
-                raise ValueError(
-                    f"similarity must be symmetric (max |S - S^T| = {asym / SCALE:.3g} after "
-                    f"rounding to the 2**-15 grid; at most {SYMMETRY_STEPS} grid step allowed)"
-                )
+        if check_symmetry:
+            require_symmetric(q, "similarity")
         return cls(q, rowsum, check=False)
 
     @property

@@ -7,6 +7,7 @@ log-softmax computed here from a plain forward pass, and a copy of the base mode
 from __future__ import annotations
 
 import copy
+import os
 import re
 
 import numpy as np
@@ -15,7 +16,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from raptb.adapters.models import load_model_and_tokenizer
-from raptb.adapters.policy import HFPolicy, Rollout, to_prefix_batch
+from raptb.adapters.policy import HFPolicy, Rollout, default_grammar_threads, to_prefix_batch
 from raptb.adapters.tokens import legal_token_ids, stop_token_id
 from raptb.core.batch import PrefixBatch
 
@@ -289,3 +290,11 @@ def test_bad_arguments(policy: HFPolicy) -> None:
         HFPolicy(policy.model, tok, legal_ids=[17], stop_id=1000)
     with pytest.raises(ValueError, match="grammar"):
         HFPolicy(policy.model, tok, legal_ids=[17], stop_id=95, grammar="root ::= (")
+
+
+def test_default_grammar_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert default_grammar_threads(torch.device("cpu")) == 1
+    assert default_grammar_threads(torch.device("cuda")) == 8
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert default_grammar_threads(torch.device("cuda")) == 1
