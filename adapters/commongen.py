@@ -112,6 +112,10 @@ class CommonGenTask:
         except KeyError:
             raise ValueError(f"prompt: {prompt!r} is not one of this task's prompts") from None
 
+    def references(self, prompt: str) -> tuple[str, ...]:
+        """The human reference sentences of ``prompt``'s concept set."""
+        return self._target(prompt).references
+
     def parts(self, prompt: str, text: str) -> RewardParts:
         """Coverage, quality, full coverage and sentence validity of ``text`` for ``prompt``."""
         target = self._target(prompt)
