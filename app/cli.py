@@ -10,6 +10,7 @@ import typer
 from raptb.app.bench import subm as bench_subm
 from raptb.app.enumerate import enumerate_command
 from raptb.app.evaluate import eval_command
+from raptb.app.study.command import study_command
 from raptb.app.train_command import train_command
 
 app = typer.Typer(
@@ -24,6 +25,7 @@ bench_app.command("subm")(bench_subm)
 app.command("train")(train_command)
 app.command("enumerate")(enumerate_command)
 app.command("eval")(eval_command)
+app.command("study")(study_command)
 
 
 def main() -> None:
