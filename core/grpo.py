@@ -41,7 +41,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from raptb.core.advantages import SCALE_REWARDS, ScaleRewards, group_advantages, masked_mean
+from raptb.core.advantages import (
+    SCALE_REWARDS,
+    ScaleRewards,
+    group_advantages,
+    kl_estimate,
+    masked_mean,
+)
 from raptb.core.objectives import _check_range, stop_gradient
 from raptb.core.rl_batch import RLBatch
 
@@ -182,9 +188,8 @@ class GRPO:
 
         kl = None
         if batch.ref_log_probs is not None:
-            ref_gap = batch.masked(stop_gradient(batch.ref_log_probs)) - log_probs
-            kl = xp.exp(ref_gap) - ref_gap - 1.0
-        if self.beta != 0.0:
+            kl = kl_estimate(log_probs, batch.masked(stop_gradient(batch.ref_log_probs)), "k3")
+        if self.beta != 0.0 and kl is not None:  # kl is present: checked on entry
             penalty = kl * coef_1 if self.use_bias_correction_kl else kl
             per_token = per_token + self.beta * penalty
 

@@ -8,12 +8,12 @@ and defaults are TRL's (``core.grpo``, ``core.ppo``).
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any
+from typing import Any, TypeAlias
 
 from raptb.core.grpo import GRPO
 from raptb.core.ppo import PPO
 
-RLObjective = GRPO | PPO
+RLObjective: TypeAlias = GRPO | PPO
 RL_OBJECTIVES: dict[str, type[GRPO] | type[PPO]] = {cls.name: cls for cls in (GRPO, PPO)}
 
 
