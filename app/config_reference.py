@@ -9,7 +9,7 @@ so neither can drift from the model.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Annotated, Any
 
 import typer
@@ -29,19 +29,22 @@ TABLE_START = "<!-- config-reference:start -->"
 TABLE_END = "<!-- config-reference:end -->"
 
 
-def _sections() -> dict[str, type[BaseModel]]:
-    """Section name -> model: the general sections, then one per registered task."""
+def _sections(tasks: Sequence[str] | None = None) -> dict[str, type[BaseModel]]:
+    """Section name -> model: the general sections, then one per task of ``tasks`` (default:
+    every registered task)."""
     general = {
         name: field.annotation
         for name, field in TrainConfig.model_fields.items()
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
     }
-    return {**general, **{name: task_spec(name).options for name in task_names()}}
+    names = task_names() if tasks is None else tasks
+    return {**general, **{name: task_spec(name).options for name in names}}
 
 
-def config_fields() -> Iterator[tuple[str, FieldInfo]]:
-    """(dotted path, field) of every leaf field, top-level fields first."""
-    sections = _sections()
+def config_fields(tasks: Sequence[str] | None = None) -> Iterator[tuple[str, FieldInfo]]:
+    """(dotted path, field) of every leaf field, top-level fields first, then the sections (task
+    sections of ``tasks``, default every registered task)."""
+    sections = _sections(tasks)
     for name, field in TrainConfig.model_fields.items():
         if name not in sections:
             yield name, field
@@ -90,10 +93,11 @@ def default_text(path: str) -> str | None:
     return "; ".join([text, *changed])
 
 
-def markdown_table() -> str:
-    """The README's reference table: one row per field with its default and description."""
+def markdown_table(tasks: Sequence[str] | None = None) -> str:
+    """The README's reference table: one row per field with its default and description (task
+    sections of ``tasks``, default every registered task)."""
     rows = ["| field | default | description |", "| --- | --- | --- |"]
-    for path, field in config_fields():
+    for path, field in config_fields(tasks):
         default = (default_text(path) or "None").replace("|", "\\|")
         description = (field.description or "").replace("|", "\\|")
         rows.append(f"| `{path}` | {default} | {description} |")
