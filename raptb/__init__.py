@@ -9,8 +9,14 @@ The stable names are re-exported here and imported on first use (PEP 562), so th
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
+
+# The subpackages live in core/, adapters/, app/ beside this folder and are mapped in at install.
+# From a source checkout with a regular (non-editable) install, this folder shadows the installed
+# package; extending the path lets ``raptb.core`` resolve to the installed one.
+__path__ = pkgutil.extend_path(__path__, __name__)
 
 try:
     __version__ = version("raptb")

@@ -73,5 +73,6 @@ def test_the_top_level_package_imports_only_the_standard_library():
         "__future__",
         "importlib",
         "importlib.metadata",
+        "pkgutil",
         "typing",
     }
