@@ -9,17 +9,19 @@ draw, because rows of a chunk share the generator in lock step.
 Outputs under ``RUN_DIR/eval/``:
 
     samples.jsonl   one object per sample: prompt, text, tokens (ids before the stop), length
-                    (tau), valid (the text parses), score (S(x)), log_pterm_stop
+                    (tau), valid (the text is well-formed), correct (the task's success, from
+                    its spec: Expr24 valid and equal to 24, other tasks valid), score (S(x)),
+                    log_pterm_stop
                     (= log_pterm[tau]), and per step log_pf [tau], log_pterm [tau+1] (raw,
                     untempered model log-probs) and u [tau+1] (the task part lambda * S of the
                     per-prefix log-reward; the reference term kappa * log P_ref is not
                     recomputed), so every metric can be recomputed offline
-    metrics.json    ``expr24_metrics`` of the samples against the enumerated Y* (SMILES:
-                    ``smiles_metrics``, with ``molecule`` and ``canonical`` added to each
-                    sample), plus an
+    metrics.json    the task spec's metrics of the samples (Expr24: against the enumerated Y*;
+                    SMILES: with ``molecule`` and ``canonical`` added to each sample), plus an
                     ``eval`` entry saying which checkpoint, seed and batch size produced them
     *.png           length histogram of correct samples, prefix diagnostics by depth, score by
-                    length, and training curves when the run has a ``metrics.jsonl``
+                    length, the spec's per-length plots, and training curves when the run has a
+                    ``metrics.jsonl``
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ import os
 from pathlib import Path
 from typing import Annotated, Any
 
-import numpy as np
 import torch
 import typer
 from rich.console import Console
@@ -43,10 +44,9 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from raptb.adapters.expr24 import MAX_ENUMERABLE_LENGTH, enumerate_solutions
 from raptb.adapters.lora import is_adapter_folder
 from raptb.adapters.policy import HFPolicy
-from raptb.adapters.smiles import SmilesTask
+from raptb.adapters.registry import TaskSpec, task_names, task_spec
 from raptb.app.checkpoint import PREFIX, latest_checkpoint
 from raptb.app.config import ConfigError, TrainConfig, load_config
 from raptb.app.plots import (
@@ -56,37 +56,13 @@ from raptb.app.plots import (
     plot_score_by_length,
     plot_training_curves,
 )
-from raptb.app.runtime import PrefixScorer, build_policy, build_task, is_success
-from raptb.core.metrics import expr24_metrics, sequence_metrics, smiles_metrics
-from raptb.core.ports import Score, Task
+from raptb.app.runtime import PrefixScorer, build_policy, build_task
+from raptb.core.ports import Task
 
 EVAL_DIR = "eval"
 SAMPLES_FILE = "samples.jsonl"
 METRICS_FILE = "metrics.json"
 DEFAULT_BATCH_SIZE = 256
-HEADLINE = (
-    "acc",
-    "unique",
-    "cov_count",
-    "norm_cov",
-    "kl_pi_p",
-    "kl_p_pi",
-    "js_tok",
-    "log_pterm",
-    "len_mean",
-    "entropy",
-)
-SMILES_HEADLINE = (
-    "acc",
-    "score",
-    "entropy",
-    "fp_div",
-    "macro_fp",
-    "len_mean",
-    "uniq_str",
-    "uniq_mol",
-    "log_pterm",
-)
 
 
 class EvalError(ValueError):
@@ -130,6 +106,7 @@ def _progress(enabled: bool) -> Progress:
 def _sample_rows(
     policy: HFPolicy,
     task: Task,
+    spec: TaskSpec,
     scorer: PrefixScorer,
     *,
     samples: int,
@@ -165,7 +142,8 @@ def _sample_rows(
             for tokens, tau, log_pf, log_pterm, text in columns:
                 prefix_scores = [scorer.score_text(prompt, t) for t in scorer.texts(tokens[:tau])]
                 score = prefix_scores[-1]  # the full prefix is the sample's text
-                hits += is_success(task, score)
+                correct = spec.is_correct(score)
+                hits += correct
                 rows.append(
                     {
                         "prompt": prompt,
@@ -173,6 +151,7 @@ def _sample_rows(
                         "tokens": tokens[:tau],
                         "length": tau,
                         "valid": score.valid,
+                        "correct": correct,
                         "score": score.value,
                         "log_pterm_stop": log_pterm[tau],
                         "log_pf": log_pf[:tau],
@@ -194,9 +173,9 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def _write_plots(
-    run_dir: Path, out: Path, task: Task, rows: list[dict[str, Any]], metrics: dict[str, Any]
+    run_dir: Path, out: Path, spec: TaskSpec, rows: list[dict[str, Any]], metrics: dict[str, Any]
 ) -> None:
-    correct_lengths = [r["length"] for r in rows if is_success(task, Score(r["score"], r["valid"]))]
+    correct_lengths = [r["length"] for r in rows if r["correct"]]
     plot_length_histogram(
         correct_lengths, out / "length_histogram.png", title="Correct samples by length"
     )
@@ -204,10 +183,8 @@ def _write_plots(
     plot_score_by_length(
         [r["length"] for r in rows], [r["score"] for r in rows], out / "score_by_length.png"
     )
-    if "by_length" in metrics:
-        plot_metric_by_length(
-            metrics["by_length"], "fp_div", out / "fp_div_by_length.png", title="FPDiv by length"
-        )
+    for key, title in spec.length_plots:
+        plot_metric_by_length(metrics["by_length"], key, out / f"{key}_by_length.png", title=title)
     log = run_dir / "metrics.jsonl"
     if log.is_file():
         plot_training_curves(log, out / "training_curves.png")
@@ -223,7 +200,8 @@ def evaluate(
 ) -> dict[str, Any]:
     """Evaluate the latest checkpoint of ``run_dir``; write samples, metrics and plots.
 
-    samples: N, default the run's ``eval_samples``. Returns the dict written to metrics.json.
+    samples: N, default the run's ``eval_samples`` (else the task's default). Returns the dict
+    written to metrics.json.
     When the run's config sets ``threads``, torch's (process-wide) thread count is set to it.
 
     Raises:
@@ -241,6 +219,7 @@ def evaluate(
         # the run's own thread setting: on a few shared cores a small model samples several times
         # faster on one thread than on all of them
         torch.set_num_threads(config.threads)
+    spec = task_spec(config.task)
     task = build_task(config)
     try:
         if is_adapter_folder(checkpoint / "model"):
@@ -253,17 +232,11 @@ def evaluate(
     except ValueError as exc:
         raise EvalError(f"checkpoint: {checkpoint}: {exc}") from exc
     scorer = PrefixScorer(task, policy, config.reward.reward_scale)
-    n = config.eval_samples if samples is None else samples
+    n = config.eval_sample_count if samples is None else samples
     rows = _sample_rows(
-        policy, task, scorer, samples=n, seed=seed, batch_size=batch_size, progress=progress
+        policy, task, spec, scorer, samples=n, seed=seed, batch_size=batch_size, progress=progress
     )
-
-    if isinstance(task, SmilesTask):
-        metrics = _smiles_metrics(task, rows)
-    elif task.name == "expr24":
-        metrics = expr24_metrics(rows, enumerate_solutions(MAX_ENUMERABLE_LENGTH))
-    else:
-        metrics = sequence_metrics(rows, max_depth=task.max_length)
+    metrics = spec.metrics(task, rows)
     metrics["eval"] = {
         "checkpoint": checkpoint.name,
         "step": int(checkpoint.name[len(PREFIX) :]),
@@ -276,46 +249,36 @@ def evaluate(
     out.mkdir(exist_ok=True)
     _write_text(out / SAMPLES_FILE, "".join(json.dumps(r) + "\n" for r in rows))
     _write_text(out / METRICS_FILE, json.dumps(metrics, indent=2) + "\n")
-    _write_plots(run_dir, out, task, rows, metrics)
+    _write_plots(run_dir, out, spec, rows, metrics)
     return metrics
 
 
-def _smiles_metrics(task: SmilesTask, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """``smiles_metrics`` of the rows, after adding each row's merged ``molecule`` and its
-    ``canonical`` SMILES (None when invalid)."""
-    described = [task.item_features(r["prompt"], r["text"]) for r in rows]
-    for row, item in zip(rows, described, strict=True):
-        row["molecule"] = task.merge(row["prompt"], row["text"])
-        row["canonical"] = item.canonical
-    fingerprints = np.stack([item.features for item in described])
-    return smiles_metrics(rows, fingerprints, max_depth=task.max_length)
-
-
-def _print_summary(metrics: dict[str, Any], out: Path) -> None:
+def _print_summary(metrics: dict[str, Any], out: Path, spec: TaskSpec) -> None:
     table = Table(title=f"Evaluation of {metrics['eval']['checkpoint']} (N={metrics['n_samples']})")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    # only SMILES metrics have a per-length table
-    for key in SMILES_HEADLINE if "by_length" in metrics else HEADLINE:
-        value = metrics[key]
-        table.add_row(key, f"{value:,}" if isinstance(value, int) else f"{value:.4f}")
+    for key in spec.headline:
+        table.add_row(key, _cell(metrics[key]))
     console = Console()
     console.print(table)
-    if "by_length" in metrics:
+    if spec.length_table:
         lengths = Table(title="Valid samples by length")
-        for column in ("length", "count", "frac", "score", "fp_div", "uniq_mol"):
+        for column in ("length", *spec.length_table):
             lengths.add_column(column, justify="right")
         for n, cells in metrics["by_length"].items():
-            lengths.add_row(
-                n,
-                f"{cells['count']:,}",
-                f"{cells['frac']:.3f}",
-                f"{cells['score']:.4f}",
-                f"{cells['fp_div']:.4f}",
-                f"{cells['uniq_mol']:,}",
-            )
+            lengths.add_row(n, *(_cell(cells[column]) for column in spec.length_table))
         console.print(lengths)
     console.print(f"wrote {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")
+
+
+def _cell(value: float) -> str:
+    """Counts with thousands separators, rates with four decimals."""
+    return f"{value:,}" if isinstance(value, int) else f"{value:.4f}"
+
+
+def _samples_help() -> str:
+    defaults = ", ".join(f"{name} {task_spec(name).eval_samples}" for name in task_names())
+    return f"Number of samples N. Default: the run's eval_samples, else the task's ({defaults})."
 
 
 def eval_command(
@@ -324,7 +287,7 @@ def eval_command(
     ],
     samples: Annotated[
         int | None,
-        typer.Option(help="Number of samples N. Default: the run's eval_samples (6400)."),
+        typer.Option(help=_samples_help()),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the sampling generator.")] = 0,
     batch_size: Annotated[
@@ -347,4 +310,5 @@ def eval_command(
     if json_output:
         typer.echo((out / METRICS_FILE).read_text(encoding="utf-8"), nl=False)
     else:
-        _print_summary(metrics, out)
+        task = load_config(run_dir / "config.toml").task  # evaluate() has validated it
+        _print_summary(metrics, out, task_spec(task))

@@ -19,55 +19,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from raptb.adapters.custom import CustomTask
-from raptb.adapters.expr24 import Expr24Task
 from raptb.adapters.lora import apply_lora, load_adapter_weights, preferred_dtype
 from raptb.adapters.models import load_model_and_tokenizer
 from raptb.adapters.policy import HFPolicy, default_grammar_threads
-from raptb.adapters.smiles import DEFAULT_SCAFFOLD, SmilesTask, read_scaffolds
+from raptb.adapters.registry import task_spec
 from raptb.adapters.tokens import legal_token_ids, stop_token_id
 from raptb.app.config import LoraConfig, TrainConfig
 from raptb.core.ports import Score, Task
 
-TASKS = ("expr24", "smiles", "custom")
 _log = logging.getLogger(__name__)
 
 
 def build_task(config: TrainConfig) -> Task:
-    """The run's task: ``config.task`` with its options (``config.smiles``, ``config.custom``)."""
-    name = config.task
-    if name == "expr24":
-        return Expr24Task()
-    if name == "smiles":
-        options = config.smiles
-        scaffolds = (
-            [DEFAULT_SCAFFOLD] if options.scaffolds is None else read_scaffolds(options.scaffolds)
-        )
-        return SmilesTask(
-            scaffolds,
-            min_length=options.min_length,
-            max_length=options.max_length,
-            ring_closures=options.ring_closures,
-        )
-    if name == "custom":
-        custom = config.custom
-        assert custom.reward is not None  # TrainConfig validates this
-        return CustomTask.from_paths(
-            custom.reward,
-            alphabet=custom.alphabet,
-            grammar_file=custom.grammar_file,
-            min_length=custom.min_length,
-            max_length=custom.max_length,
-            prompts=custom.prompts,
-        )
-    raise ValueError(f"task: unknown task {name!r}; valid choices: {', '.join(TASKS)}")
-
-
-def is_success(task: Task, score: Score) -> bool:
-    """What counts as a hit for Acc (metrics.md): Expr24 equals 24, other tasks a valid text."""
-    if task.name == "expr24":
-        return score.valid and score.value == 1.0
-    return score.valid
+    """The run's task: ``config.task`` built by its registered spec from its options."""
+    return task_spec(config.task).build(config.task_options())
 
 
 def build_policy(

@@ -34,9 +34,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from transformers import AutoModelForCausalLM
 
-from raptb.adapters.expr24 import enumerate_solutions
 from raptb.adapters.lora import is_peft_model, load_adapter_weights
 from raptb.adapters.policy import to_prefix_batch
+from raptb.adapters.registry import task_spec
 from raptb.app.checkpoint import latest_checkpoint, read_state, save_atomically, write_state
 from raptb.app.config import TrainConfig, save_config
 from raptb.app.runtime import (
@@ -44,7 +44,6 @@ from raptb.app.runtime import (
     ScoredRows,
     build_policy,
     build_task,
-    is_success,
     pad_rows,
     reference_log_prob,
 )
@@ -147,20 +146,20 @@ class Trainer:
         if kind == "subm":
             return make_buffer(
                 "subm",
-                task=self.cfg.task,
+                **task_spec(self.cfg.task).subm,
                 capacity=capacity,
                 diversity=self.cfg.replay.subm_diversity,
             )
         return make_buffer(kind, capacity=capacity)
 
     def _oracle_items(self) -> list[ReplayItem]:
-        if self.cfg.task != "expr24":
+        solutions = task_spec(self.cfg.task).solutions
+        if solutions is None:
             raise TrainingError(f"replay 'oracle' needs an enumerable task, not {self.cfg.task!r}")
         prompt = self.task.prompts()[0]
         encode = self.policy.tokenizer
         rows = [
-            tuple(encode.encode(text, add_special_tokens=False))
-            for text in enumerate_solutions(self.task.max_length)
+            tuple(encode.encode(text, add_special_tokens=False)) for text in solutions(self.task)
         ]
         return self._make_items(prompt, rows)
 
@@ -248,8 +247,9 @@ class Trainer:
                 policy_rows = sorted(set(policy_rows) - {int(b) for b in swap})
             scored = self.scorer.score_rows(prompt, rows, max_len)
             u = scored.u
+            is_correct = task_spec(cfg.task).is_correct
             for b in policy_rows:
-                if is_success(self.task, scored.scores[b]):
+                if is_correct(scored.scores[b]):
                     hits += 1
                     self.correct_seen.add(self.scorer.texts(rows[b])[-1])
             if self.buffer is not None and self.oracle is None:

