@@ -41,7 +41,7 @@ def plan_tasks(
     """Each run with its directory, evaluation settings and what its directory still needs."""
     tasks = []
     for run in runs:
-        samples = spec.eval.samples or run.config.eval_samples
+        samples = spec.eval.samples or run.config.eval_sample_count
         seed = run.seed if spec.eval.seed is None else spec.eval.seed
         run_dir = runs_root / run.name
         state = run_state(run.config, run_dir, samples, seed, resume=resume)
