@@ -1,8 +1,9 @@
 """``raptb eval RUN_DIR --exact``: exact metrics of the run's sampler over the enumerated Y*.
 
-For an enumerable task (Expr24), the behaviour probability at temperature 1 of every solution is
-computed exactly (``raptb.adapters.exact``: same legal tokens, grammar and length rules as
-sampling, stop included), then reduced to the exact metrics of ``raptb.core.exact_metrics``:
+For an enumerable task (its registry entry lists its solutions: Expr24) with one prompt, the
+behaviour probability at temperature 1 of every solution is computed exactly
+(``raptb.adapters.exact``: same legal tokens, grammar and length rules as sampling, stop
+included), then reduced to the exact metrics of ``raptb.core.exact_metrics``:
 accuracy pi(Y*), mass per length, KL(p* || pi|Y*) with p* uniform on Y* (the 0/1 reward), and the
 expected number of distinct solutions at N draws. No sampling is done. When ``eval/metrics.json``
 from the same checkpoint exists, its sampled estimates are compared with the exact values
@@ -25,9 +26,9 @@ from rich.console import Console
 from rich.table import Table
 
 from raptb.adapters.exact import exact_log_probs
-from raptb.adapters.expr24 import MAX_ENUMERABLE_LENGTH, enumerate_solutions
 from raptb.adapters.lora import is_adapter_folder
 from raptb.adapters.policy import HFPolicy
+from raptb.adapters.registry import TaskSpec, task_spec
 from raptb.app.checkpoint import PREFIX
 from raptb.app.config import ConfigError
 from raptb.app.evaluate import METRICS_FILE, EvalError, _load_run, _write_text, eval_dir
@@ -51,13 +52,15 @@ def exact_task_metrics(
     is given). sampled: an ``expr24_metrics`` dict to compare with, or None. The dict also holds
     ``timings`` (seconds: trie, model, total).
     """
-    _require_enumerable(task)
-    if task.max_length > MAX_ENUMERABLE_LENGTH:
-        raise EvalError(f"--exact: Y* is enumerable up to length {MAX_ENUMERABLE_LENGTH}")
-    solutions = enumerate_solutions(task.max_length)
+    spec = _require_enumerable(task)
+    prompts = task.prompts()
+    if len(prompts) != 1:
+        raise EvalError(f"--exact: needs a single prompt, task {task.name!r} has {len(prompts)}")
+    assert spec.solutions is not None  # _require_enumerable checked it
+    solutions = spec.solutions(task)
     result = exact_log_probs(
         policy,
-        task.prompts()[0],
+        prompts[0],
         solutions,
         min_length=task.min_length,
         max_length=task.max_length,
@@ -76,9 +79,12 @@ def exact_task_metrics(
     return metrics
 
 
-def _require_enumerable(task: Task) -> None:
-    if task.name != "expr24":
-        raise EvalError(f"--exact: task {task.name!r} is not enumerable (only expr24 is)")
+def _require_enumerable(task: Task) -> TaskSpec:
+    """The task's registry entry, or EvalError when its solution set cannot be enumerated."""
+    spec = task_spec(task.name)
+    if not spec.enumerable:
+        raise EvalError(f"--exact: task {task.name!r} has no enumerable solution set")
+    return spec
 
 
 def _checkpoint_policy(config: Any, checkpoint: Path, task: Task) -> HFPolicy:
@@ -101,6 +107,8 @@ def _sampled_metrics(out: Path, checkpoint: str) -> dict[str, Any] | None:
     sampled = json.loads(path.read_text(encoding="utf-8"))
     if sampled.get("eval", {}).get("checkpoint") != checkpoint:
         return None  # a stale evaluation of another checkpoint says nothing about this one
+    if not {"acc", "n_samples", "cov_count"} <= sampled.keys():
+        return None  # not the solution-set metrics the comparison needs
     return sampled
 
 
