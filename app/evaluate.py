@@ -296,11 +296,24 @@ def eval_command(
     json_output: Annotated[
         bool, typer.Option("--json", help="Print metrics.json to stdout instead of a table.")
     ] = False,
+    exact: Annotated[
+        bool,
+        typer.Option(
+            "--exact",
+            help="Instead of sampling, compute exact metrics over the enumerated solutions "
+            "(Expr24) and compare them with eval/metrics.json if present: eval/exact.json.",
+        ),
+    ] = False,
 ) -> None:
     """Sample the run's latest checkpoint at temperature 1; write samples, metrics and plots.
 
     Outputs go to RUN_DIR/eval/: samples.jsonl, metrics.json and PNG plots.
     """
+    if exact:
+        # imported here: exact_eval builds on this module's run loading
+        from raptb.app.exact_eval import exact_command
+
+        return exact_command(run_dir, json_output=json_output)
     try:
         metrics = evaluate(run_dir, samples=samples, seed=seed, batch_size=batch_size)
     except (EvalError, ConfigError) as exc:
