@@ -80,11 +80,13 @@ def _lookup(tree: dict[str, Any], path: str) -> Any:
     return tree
 
 
-def default_text(path: str) -> str | None:
-    """The default of ``path`` and the presets that change it, e.g. ``0.8; smiles: 0.5``;
-    None when the field has no default value and no preset sets one."""
+def default_text(path: str, tasks: Sequence[str] | None = None) -> str | None:
+    """The default of ``path`` and the presets of ``tasks`` (default: every registered task)
+    that change it, e.g. ``0.8; smiles: 0.5``; None when the field has no default value and no
+    preset sets one."""
     default = field_at(path).default
-    presets = [(name, _lookup(task_presets(name), path)) for name in task_names()]
+    names = task_names() if tasks is None else tasks
+    presets = [(name, _lookup(task_presets(name), path)) for name in names]
     presets.append(("pretrained models", _lookup(PRETRAINED_PRESET, path)))
     changed = [f"{name}: {_format(v)}" for name, v in presets if v is not None and v != default]
     if default is None and not changed:
@@ -98,7 +100,7 @@ def markdown_table(tasks: Sequence[str] | None = None) -> str:
     sections of ``tasks``, default every registered task)."""
     rows = ["| field | default | description |", "| --- | --- | --- |"]
     for path, field in config_fields(tasks):
-        default = (default_text(path) or "None").replace("|", "\\|")
+        default = (default_text(path, tasks) or "None").replace("|", "\\|")
         description = (field.description or "").replace("|", "\\|")
         rows.append(f"| `{path}` | {default} | {description} |")
     return "\n".join(rows) + "\n"
