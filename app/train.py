@@ -13,6 +13,8 @@ Every trajectory is re-scored by the current policy in one teacher-forced forwar
 gradients). Rewards: on-policy rows are scored with the task; replayed rows reuse the task-only
 rewards u stored with them (the reward is not scheduled, so they are exact); when kappa > 0 the
 reference term kappa log P_ref is recomputed from the frozen reference model for every batch.
+The micro-batch itself is the four stages of ``raptb.app.step`` (collect, reward, loss, buffer
+update); this module schedules them and owns the optimizer, checkpoints and logging.
 
 logZ is a float32 scalar in its own AdamW parameter group with its own learning rate.
 """
