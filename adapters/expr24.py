@@ -49,8 +49,9 @@ TARGET = Fraction(24)
 SOLUTIONS_CACHE_VERSION = "expr24-solutions-v1"
 # Longest enumerable length: length 11 would be 9^6 * 4^5 = 5.4e8 expressions.
 MAX_ENUMERABLE_LENGTH = 9
-# The score memo is cleared past this many texts: a long run can visit millions of distinct
-# prefixes, and recomputing a score costs microseconds, so an unbounded memo is not worth it.
+# Entries of the trainer's prefix-score cache (least recently used dropped first): a long run can
+# visit millions of distinct prefixes, and recomputing a score costs microseconds, so an unbounded
+# memo is not worth its memory.
 SCORE_CACHE_LIMIT = 1_000_000
 _CORRECT = Score(value=1.0, valid=True)
 _WRONG = Score(value=0.0, valid=True)
@@ -130,8 +131,9 @@ def expr24_grammar(min_length: int = 3, max_length: int = 9) -> str:
 class Expr24Task:
     """The Expr24 task (implements :class:`raptb.core.ports.Task`).
 
-    Scores are memoised per text (up to :data:`SCORE_CACHE_LIMIT` texts) because training
-    scores every visited prefix and the same short prefixes recur in almost every batch.
+    ``score_cache_size`` sizes the trainer's prefix-score cache (the one cache in front of
+    ``score``): training scores every visited prefix and the same short prefixes recur in almost
+    every batch.
     """
 
     min_length: int = 3
@@ -140,7 +142,7 @@ class Expr24Task:
     name: str = field(default="expr24", init=False)
     alphabet: str = field(default=DIGITS + OPERATORS, init=False)
     grammar: str = field(init=False)
-    _cache: dict[str, Score] = field(default_factory=dict, init=False, repr=False)
+    score_cache_size: int = field(default=SCORE_CACHE_LIMIT, init=False)
 
     def __post_init__(self) -> None:
         check_length_bounds(self.min_length, self.max_length)
@@ -152,17 +154,10 @@ class Expr24Task:
 
     def score(self, prompt: str, text: str) -> Score:
         """S(text) = 1.0 iff text is a sentence of the task grammar equal to 24 (prompt unused)."""
-        cached = self._cache.get(text)
-        if cached is not None:
-            return cached
         value = None
         if self.min_length <= len(text) <= self.max_length:
             value = evaluate_expression(text)
-        result = _INVALID if value is None else _CORRECT if value == TARGET else _WRONG
-        if len(self._cache) >= SCORE_CACHE_LIMIT:
-            self._cache.clear()
-        self._cache[text] = result
-        return result
+        return _INVALID if value is None else _CORRECT if value == TARGET else _WRONG
 
 
 def _digit_grid(n_operands: int) -> np.ndarray:

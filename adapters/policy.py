@@ -59,6 +59,7 @@ class Rollout:
     log_pf: float32 [B, T]; log_pterm: float32 [B, T+1] (untempered, unmasked, 0 after tau).
     texts: the generated text of each row, stop excluded (the concatenated in-context token texts,
         i.e. exactly the text the grammar matched).
+    rows: the host copy of each row's generated ids x_1..x_tau (the texts are built from it).
     """
 
     tokens: torch.Tensor
@@ -66,6 +67,7 @@ class Rollout:
     log_pf: torch.Tensor
     log_pterm: torch.Tensor
     texts: list[str]
+    rows: list[tuple[int, ...]]
     timings: RolloutTimings
 
 
@@ -276,12 +278,10 @@ class HFPolicy:
         finally:
             self.model.train(was_training)
 
-        texts = [
-            "".join(self.texts[self._sub_of[t]] for t in row[:tau])
-            for row, tau in zip(tokens.tolist(), length.tolist(), strict=True)
-        ]
+        rows = [tuple(row[:tau]) for row, tau in zip(tokens.tolist(), length.tolist(), strict=True)]
+        texts = ["".join(self.texts[self._sub_of[t]] for t in row) for row in rows]
         timings = RolloutTimings(model_s, grammar_s, time.perf_counter() - start)
-        return Rollout(tokens, length, log_pf, log_pterm, texts, timings)
+        return Rollout(tokens, length, log_pf, log_pterm, texts, rows, timings)
 
     @staticmethod
     def _temperature(temperature: float | torch.Tensor, n: int) -> torch.Tensor:

@@ -12,8 +12,10 @@ reference model (only computed when kappa > 0).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +76,12 @@ def build_policy(
     )
 
 
+# Entries of the prefix-score cache for a task that declares no ``score_cache_size``: a long run
+# visits millions of prefixes, and an entry (key tuple, two strings, a Score) costs a few hundred
+# bytes, so 200k entries stay near 100 MB while every prefix of a recent batch stays cached.
+DEFAULT_SCORE_CACHE_SIZE = 200_000
+
+
 @dataclass(frozen=True)
 class ScoredRows:
     """Per-prefix task rewards of B trajectories padded to T = max length.
@@ -85,28 +93,59 @@ class ScoredRows:
     scores: list[Score]
 
 
+class ScoreCache:
+    """Least-recently-used map (prompt, text) -> Score holding at most ``size`` entries."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"size: must be >= 1, got {size}")
+        self.size = size
+        self._entries: OrderedDict[tuple[str, str], Score] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: tuple[str, str]) -> Score | None:
+        hit = self._entries.get(key)
+        if hit is not None:
+            self._entries.move_to_end(key)
+        return hit
+
+    def put(self, key: tuple[str, str], score: Score) -> None:
+        self._entries[key] = score
+        self._entries.move_to_end(key)
+        if len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+
+
 class PrefixScorer:
-    """Scores every prefix of generated token sequences with the task (memoised by text)."""
+    """Scores every prefix of generated token sequences with the task, through one bounded cache.
+
+    The cache holds ``task.score_cache_size`` entries when the task declares it (Expr24), else
+    :data:`DEFAULT_SCORE_CACHE_SIZE`. :meth:`score_many` is the only caller of ``task.score``.
+    """
 
     def __init__(self, task: Task, policy: HFPolicy, reward_scale: float) -> None:
         self.task = task
         self.reward_scale = float(reward_scale)
         self._text_of = dict(zip(policy.legal_ids, policy.texts, strict=True))
-        self._cache: dict[tuple[str, str], Score] = {}
+        self.cache = ScoreCache(getattr(task, "score_cache_size", DEFAULT_SCORE_CACHE_SIZE))
 
-    def texts(self, tokens: Sequence[int]) -> list[str]:
-        """Texts of the prefixes k = 0..len(tokens)."""
-        out = [""]
-        for token in tokens:
-            out.append(out[-1] + self._text_of[int(token)])
-        return out
+    def texts(self, tokens: Sequence[int], text: str | None = None) -> list[str]:
+        """Texts of the prefixes k = 0..len(tokens); ``text``, the whole row's text when the caller
+        has it (a rollout), is sliced instead of concatenated again."""
+        if text is None:
+            text = "".join(self._text_of[int(t)] for t in tokens)
+        ends = accumulate((len(self._text_of[int(t)]) for t in tokens), initial=0)
+        return [text[:end] for end in ends]
 
-    def score_text(self, prompt: str, text: str) -> Score:
-        key = (prompt, text)
-        hit = self._cache.get(key)
-        if hit is None:
+    def score_many(self, prompt: str, texts: Sequence[str]) -> list[Score]:
+        """Task scores of ``texts`` for ``prompt``, uncached, in order; a text whose score raises
+        counts as invalid (logged)."""
+        scores = []
+        for text in texts:
             try:
-                hit = self.task.score(prompt, text)
+                scores.append(self.task.score(prompt, text))
             except Exception as exc:  # a reward that raises marks the sample invalid
                 _log.warning(
                     "task %s: score(%r) raised %s: %s; the sample counts as invalid",
@@ -115,18 +154,46 @@ class PrefixScorer:
                     type(exc).__name__,
                     exc,
                 )
-                hit = Score(0.0, False)
-            self._cache[key] = hit
-        return hit
+                scores.append(Score(0.0, False))
+        return scores
 
-    def score_rows(self, prompt: str, rows: Sequence[Sequence[int]], max_length: int) -> ScoredRows:
+    def scores(self, prompt: str, texts: Iterable[str]) -> dict[str, Score]:
+        """Score of each distinct text: cached ones from the cache, the rest by one
+        :meth:`score_many` call (then cached)."""
+        found: dict[str, Score] = {}
+        missing = []
+        for text in dict.fromkeys(texts):
+            hit = self.cache.get((prompt, text))
+            if hit is None:
+                missing.append(text)
+            else:
+                found[text] = hit
+        if missing:
+            for text, score in zip(missing, self.score_many(prompt, missing), strict=True):
+                self.cache.put((prompt, text), score)
+                found[text] = score
+        return found
+
+    def score_text(self, prompt: str, text: str) -> Score:
+        return self.scores(prompt, [text])[text]
+
+    def score_rows(
+        self,
+        prompt: str,
+        rows: Sequence[Sequence[int]],
+        max_length: int,
+        texts: Sequence[str] | None = None,
+    ) -> ScoredRows:
+        """Per-prefix rewards of token ``rows`` (with each row's text when known), every prefix of
+        the batch scored through one :meth:`scores` call."""
+        prefixes = [
+            self.texts(tokens, None if texts is None else texts[b]) for b, tokens in enumerate(rows)
+        ]
+        found = self.scores(prompt, (text for row in prefixes for text in row))
         u = np.zeros((len(rows), max_length + 1))
-        scores = []
-        for b, tokens in enumerate(rows):
-            prefix_scores = [self.score_text(prompt, t) for t in self.texts(tokens)]
-            u[b, : len(prefix_scores)] = [self.reward_scale * s.value for s in prefix_scores]
-            scores.append(prefix_scores[-1])
-        return ScoredRows(u=u, scores=scores)
+        for b, row in enumerate(prefixes):
+            u[b, : len(row)] = [self.reward_scale * found[text].value for text in row]
+        return ScoredRows(u=u, scores=[found[row[-1]] for row in prefixes])
 
 
 def reference_log_prob(

@@ -13,6 +13,8 @@ Every trajectory is re-scored by the current policy in one teacher-forced forwar
 gradients). Rewards: on-policy rows are scored with the task; replayed rows reuse the task-only
 rewards u stored with them (the reward is not scheduled, so they are exact); when kappa > 0 the
 reference term kappa log P_ref is recomputed from the frozen reference model for every batch.
+The micro-batch itself is the four stages of ``raptb.app.step`` (collect, reward, loss, buffer
+update); this module schedules them and owns the optimizer, checkpoints and logging.
 
 logZ is a float32 scalar in its own AdamW parameter group with its own learning rate.
 """
@@ -23,8 +25,7 @@ import json
 import random
 import signal
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +36,18 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from transformers import AutoModelForCausalLM
 
 from raptb.adapters.lora import is_peft_model, load_adapter_weights
-from raptb.adapters.policy import to_prefix_batch
 from raptb.adapters.registry import task_spec
 from raptb.app.checkpoint import latest_checkpoint, read_state, save_atomically, write_state
 from raptb.app.config import TrainConfig, save_config
-from raptb.app.runtime import (
-    PrefixScorer,
-    ScoredRows,
-    build_policy,
-    build_task,
-    pad_rows,
-    reference_log_prob,
+from raptb.app.runtime import PrefixScorer, build_policy, build_task
+from raptb.app.step import (
+    Mix,
+    collect,
+    correct_texts,
+    loss_step,
+    new_items,
+    replay_items,
+    reward,
 )
 from raptb.core.objectives import objective_by_name
 from raptb.core.replay import ReplayBuffer, ReplayItem, make_buffer
@@ -161,131 +163,57 @@ class Trainer:
         rows = [
             tuple(encode.encode(text, add_special_tokens=False)) for text in solutions(self.task)
         ]
-        return self._make_items(prompt, rows)
-
-    def _make_items(self, prompt: str, rows: list[tuple[int, ...]]) -> list[ReplayItem]:
-        scored = self.scorer.score_rows(prompt, rows, self.task.max_length)
-        return self._items(prompt, rows, scored, range(len(rows)))
-
-    def _items(
-        self,
-        prompt: str,
-        rows: list[tuple[int, ...]],
-        scored: ScoredRows,
-        indices: Iterable[int],
-    ) -> list[ReplayItem]:
-        """Replay items of ``rows[b]`` for b in ``indices``, with their task-only rewards as
-        log-rewards (the caller adds the reference term when kappa > 0)."""
-        items = []
-        for b in indices:
-            tokens = rows[b]
-            text = self.scorer.texts(tokens)[-1]
-            u = scored.u[b, : len(tokens) + 1]
-            items.append(
-                ReplayItem(
-                    prompt=prompt,
-                    tokens=tokens,
-                    text=text,
-                    log_r=u,
-                    u=u,
-                    valid=scored.scores[b].valid,
-                    **self._item_extras(prompt, text),
-                )
-            )
-        return items
-
-    def _item_extras(self, prompt: str, text: str) -> dict[str, Any]:
-        """Replay-item ``features`` and ``canonical`` from a task that defines ``item_features``
-        (SMILES: the merged molecule's fingerprint and canonical SMILES); none otherwise."""
-        describe = getattr(self.task, "item_features", None)
-        if describe is None:
-            return {}
-        extras = describe(prompt, text)
-        return {"features": extras.features, "canonical": extras.canonical}
+        texts = [self.scorer.texts(tokens)[-1] for tokens in rows]
+        scored = self.scorer.score_rows(prompt, rows, self.task.max_length, texts)
+        return replay_items(self.task, prompt, rows, texts, scored, range(len(rows)), scored.u)
 
     # --- one micro-batch -----------------------------------------------------------------------
 
-    def _micro_batch(self, prompt: str) -> _MicroStats | None:
+    def _mix(self) -> Mix:
+        """The behaviour mix at the current step."""
         cfg, step = self.cfg, self.step
-        n, max_len = cfg.optim.batch_size, self.task.max_length
-        replay = (
-            self.buffer is not None
-            and prompt in self.buffer.prompts()
-            and self.rng.random() < self.p_replay(step)
+        return Mix(
+            p_replay=self.p_replay(step),
+            low_temp_prob=cfg.sampling.low_temp_prob,
+            temp_lo=self.temp_lo(step),
+            temp_hi=self.temp_hi(step),
+            p_oracle=self.p_oracle(step),
+            oracle_fraction=cfg.replay.oracle_fraction,
         )
-        temperature = 1.0
-        new_items: list[ReplayItem] = []
-        policy_rows: list[int] = []
-        hits = 0
-        if replay:
-            assert self.buffer is not None
-            items = self.buffer.sample(n, self.rng, prompt)
-            rows = [it.tokens for it in items]
-            u = np.zeros((n, max_len + 1))
-            for b, it in enumerate(items):
-                u[b, : it.length + 1] = it.u
-        else:
-            if self.rng.random() < cfg.sampling.low_temp_prob:
-                temperature = float(self.rng.uniform(self.temp_lo(step), self.temp_hi(step)))
-            rollout = self.policy.sample(
-                prompt,
-                n,
-                min_length=self.task.min_length,
-                max_length=max_len,
-                temperature=temperature,
-                generator=self.generator,
-            )
-            lengths = rollout.length.tolist()
-            rows = [tuple(rollout.tokens[b, : lengths[b]].tolist()) for b in range(n)]
-            policy_rows = list(range(n))
-            if self.oracle is not None and self.rng.random() < self.p_oracle(step):
-                swap = self.rng.choice(n, size=round(cfg.replay.oracle_fraction * n), replace=False)
-                for b, it in zip(
-                    swap, self.oracle.sample(len(swap), self.rng, prompt), strict=True
-                ):
-                    rows[int(b)] = it.tokens
-                policy_rows = sorted(set(policy_rows) - {int(b) for b in swap})
-            scored = self.scorer.score_rows(prompt, rows, max_len)
-            u = scored.u
-            is_correct = task_spec(cfg.task).is_correct
-            for b in policy_rows:
-                if is_correct(scored.scores[b]):
-                    hits += 1
-                    self.correct_seen.add(self.scorer.texts(rows[b])[-1])
-            if self.buffer is not None and self.oracle is None:
-                new_items = self._items(prompt, rows, scored, policy_rows)
 
-        device = self.policy.device
-        tokens = pad_rows(rows, max_len, self.policy.pad_id).to(device)
-        length = torch.tensor([len(r) for r in rows], dtype=torch.long, device=device)
-        u_t = torch.as_tensor(u, dtype=torch.float32, device=device)
-        log_r = u_t
-        if cfg.reward.kappa > 0:
-            log_r = u_t + cfg.reward.kappa * reference_log_prob(self.policy, prompt, tokens, length)
-        if new_items and cfg.reward.kappa > 0:
-            log_r_np = log_r.double().cpu().numpy()
-            new_items = [
-                replace(it, log_r=log_r_np[b, : it.length + 1])
-                for b, it in zip(policy_rows, new_items, strict=True)
-            ]
-        log_pf, log_pterm = self.policy.score(prompt, tokens, length)
-        if not (torch.isfinite(log_pf).all() and torch.isfinite(log_pterm).all()):
+    def _micro_batch(self, prompt: str) -> _MicroStats | None:
+        """The four stages of app.step on one micro-batch; None when its loss is not finite."""
+        cfg = self.cfg
+        batch = collect(
+            self.policy,
+            self.task,
+            prompt,
+            cfg.optim.batch_size,
+            self._mix(),
+            buffer=self.buffer,
+            oracle=self.oracle,
+            rng=self.rng,
+            generator=self.generator,
+        )
+        rewards = reward(self.scorer, self.policy, batch, cfg.reward.kappa)
+        correct = correct_texts(self.task, batch, rewards)
+        self.correct_seen.update(correct)
+        result = loss_step(
+            self.policy, self.objective, self.log_z, batch, rewards, self.step, cfg.optim.grad_accum
+        )
+        if result is None:
             return None
-        batch = to_prefix_batch(log_pf, log_pterm, log_r, u_t, length)
-        loss, diagnostics = self.objective(batch, self.log_z, step)
-        if not torch.isfinite(loss):
-            return None
-        (loss / cfg.optim.grad_accum).backward()
-        if new_items:
-            assert self.buffer is not None
-            self.buffer.add(new_items)
+        if self.buffer is not None and self.oracle is None:
+            items = new_items(self.task, batch, rewards)
+            if items:
+                self.buffer.add(items)
         return _MicroStats(
-            loss=float(loss.detach()),
-            diagnostics=diagnostics,
-            on_policy=0 if replay else len(policy_rows),
-            hits=hits,
-            replayed=replay,
-            temperature=temperature,
+            loss=result.loss,
+            diagnostics=result.diagnostics,
+            on_policy=len(batch.on_policy),
+            hits=len(correct),
+            replayed=batch.replayed,
+            temperature=batch.temperature,
         )
 
     # --- one optimizer step --------------------------------------------------------------------

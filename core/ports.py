@@ -48,7 +48,8 @@ class Task(Protocol):
 
     A task may also define ``item_features(prompt, text)`` returning an object with ``features``
     (a 1-D array for the replay similarity backend) and ``canonical`` (a dedup key or None); the
-    trainer attaches them to replay items (SMILES: the merged molecule's fingerprint).
+    trainer attaches them to replay items (SMILES: the merged molecule's fingerprint). It may
+    declare ``score_cache_size``, the number of (prompt, text) scores the trainer keeps cached.
     """
 
     name: str

@@ -1,0 +1,330 @@
+"""One training micro-batch as four stages that pass typed values on.
+
+    collect        -> Trajectories   rollout, replay draw or oracle splice (replay.md)
+    reward         -> Rewards        task scores per prefix, u, the reference prior kappa log P_ref
+    loss_step      -> LossResult     teacher-forced rescoring, objective, backward
+    new_items                        the on-policy rows as replay items, for the buffer update
+
+The trainer calls them in this order (``Trainer._micro_batch``) and ``benchmarks/train_step.py``
+times the same functions. Tokens stay tensors on the policy's device from the rollout to the loss;
+their host copy (``Trajectories.rows``) and the texts are the rollout's own, so nothing is
+decoded or rebuilt; task rewards become a tensor once, in ``reward``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from raptb.adapters.policy import HFPolicy, RolloutTimings, to_prefix_batch
+from raptb.adapters.registry import task_spec
+from raptb.app.runtime import PrefixScorer, ScoredRows, pad_rows, reference_log_prob
+from raptb.core.objectives import Objective
+from raptb.core.ports import Score, Task
+from raptb.core.replay import ReplayBuffer, ReplayItem
+
+
+@dataclass(frozen=True)
+class Mix:
+    """The behaviour mix of one optimizer step (replay.md), its schedules evaluated at the step.
+
+    p_replay: probability that a micro-batch is drawn whole from the buffer.
+    low_temp_prob: probability that a rollout uses a temperature drawn from [temp_lo, temp_hi].
+    p_oracle: probability that a fraction ``oracle_fraction`` of a rollout's rows is replaced by
+        oracle solutions (Oracle replay only).
+    """
+
+    p_replay: float
+    low_temp_prob: float
+    temp_lo: float
+    temp_hi: float
+    p_oracle: float
+    oracle_fraction: float
+
+
+@dataclass(frozen=True)
+class Trajectories:
+    """The B trajectories of one micro-batch for one prompt.
+
+    tokens: LongTensor [B, T] on the policy's device, ``pad_id`` after each row's stop.
+    length: LongTensor [B] (tau, tokens before the stop), same device.
+    rows: each row's ids x_1..x_tau on the host (replay storage, prefix texts).
+    texts: each row's generated text, stop excluded.
+    on_policy: the rows sampled by the policy here (not replayed, not oracle): the rows that count
+        for Acc and enter the buffer.
+    stored_u: float64 [B, T+1], the task-only rewards stored with replayed items (0 after tau);
+        None when the batch was sampled.
+    temperature: the rollout's temperature (1.0 for a replayed batch).
+    timings: the rollout's timings; None for a replayed batch.
+    """
+
+    prompt: str
+    tokens: torch.Tensor
+    length: torch.Tensor
+    rows: tuple[tuple[int, ...], ...]
+    texts: tuple[str, ...]
+    on_policy: tuple[int, ...]
+    stored_u: np.ndarray | None
+    temperature: float
+    timings: RolloutTimings | None
+
+    @property
+    def replayed(self) -> bool:
+        return self.stored_u is not None
+
+
+@dataclass(frozen=True)
+class Rewards:
+    """Per-prefix rewards of a micro-batch's B rows, T = max length.
+
+    u_host: float64 [B, T+1], task-only rewards u (0 after tau), as replay items store them.
+    scores: the terminal Score of each row; None for a replayed batch (its u is stored).
+    u: float32 [B, T+1], ``u_host`` on the policy's device.
+    prior: float32 [B, T+1], kappa log P_ref of each prefix; None when kappa = 0.
+    log_r: float32 [B, T+1], u + prior (u when kappa = 0).
+    """
+
+    u_host: np.ndarray
+    scores: list[Score] | None
+    u: torch.Tensor
+    prior: torch.Tensor | None
+    log_r: torch.Tensor
+
+
+@dataclass(frozen=True)
+class LossResult:
+    """The micro-batch's loss (before the 1/grad_accum scaling) and the objective's diagnostics."""
+
+    loss: float
+    diagnostics: dict[str, float]
+
+
+# --- collect -----------------------------------------------------------------------------------
+
+
+def collect(
+    policy: HFPolicy,
+    task: Task,
+    prompt: str,
+    n: int,
+    mix: Mix,
+    *,
+    buffer: ReplayBuffer | None,
+    oracle: ReplayBuffer | None,
+    rng: np.random.Generator,
+    generator: torch.Generator,
+) -> Trajectories:
+    """``n`` trajectories for ``prompt``: drawn from ``buffer`` with probability ``mix.p_replay``
+    when it holds items for the prompt, else rolled out (then partly replaced by ``oracle``
+    solutions with probability ``mix.p_oracle``). ``rng`` draws every choice, in this order."""
+    if buffer is not None and prompt in buffer.prompts() and rng.random() < mix.p_replay:
+        return draw_replay(policy, buffer, prompt, n, task.max_length, rng)
+    temperature = 1.0
+    if rng.random() < mix.low_temp_prob:
+        temperature = float(rng.uniform(mix.temp_lo, mix.temp_hi))
+    batch = roll_out(policy, task, prompt, n, temperature, generator)
+    if oracle is not None and rng.random() < mix.p_oracle:
+        batch = splice_oracle(policy, batch, oracle, mix.oracle_fraction, rng)
+    return batch
+
+
+def draw_replay(
+    policy: HFPolicy,
+    buffer: ReplayBuffer,
+    prompt: str,
+    n: int,
+    max_length: int,
+    rng: np.random.Generator,
+) -> Trajectories:
+    """``n`` items of ``buffer`` for ``prompt``, their stored tokens padded once to [n, T]."""
+    items = buffer.sample(n, rng, prompt)
+    stored_u = np.zeros((n, max_length + 1))
+    for b, item in enumerate(items):
+        stored_u[b, : item.length + 1] = item.u
+    device = policy.device
+    rows = tuple(item.tokens for item in items)
+    return Trajectories(
+        prompt=prompt,
+        tokens=pad_rows(rows, max_length, policy.pad_id).to(device),
+        length=torch.tensor([len(r) for r in rows], dtype=torch.long, device=device),
+        rows=rows,
+        texts=tuple(item.text for item in items),
+        on_policy=(),
+        stored_u=stored_u,
+        temperature=1.0,
+        timings=None,
+    )
+
+
+def roll_out(
+    policy: HFPolicy,
+    task: Task,
+    prompt: str,
+    n: int,
+    temperature: float,
+    generator: torch.Generator,
+) -> Trajectories:
+    """``n`` constrained rollouts at ``temperature``; every row is on-policy."""
+    rollout = policy.sample(
+        prompt,
+        n,
+        min_length=task.min_length,
+        max_length=task.max_length,
+        temperature=temperature,
+        generator=generator,
+    )
+    return Trajectories(
+        prompt=prompt,
+        tokens=rollout.tokens,
+        length=rollout.length,
+        rows=tuple(rollout.rows),
+        texts=tuple(rollout.texts),
+        on_policy=tuple(range(n)),
+        stored_u=None,
+        temperature=temperature,
+        timings=rollout.timings,
+    )
+
+
+def splice_oracle(
+    policy: HFPolicy,
+    batch: Trajectories,
+    oracle: ReplayBuffer,
+    fraction: float,
+    rng: np.random.Generator,
+) -> Trajectories:
+    """``batch`` with round(fraction * B) random rows replaced by oracle solutions (teacher-forced,
+    scored like the others, but neither counted for Acc nor added to a buffer)."""
+    n, max_length = batch.tokens.shape
+    swap = [int(b) for b in rng.choice(n, size=round(fraction * n), replace=False)]
+    items = oracle.sample(len(swap), rng, batch.prompt)
+    rows, texts = list(batch.rows), list(batch.texts)
+    for b, item in zip(swap, items, strict=True):
+        rows[b], texts[b] = item.tokens, item.text
+    device = batch.tokens.device
+    index = torch.tensor(swap, dtype=torch.long, device=device)
+    tokens, length = batch.tokens.clone(), batch.length.clone()
+    tokens[index] = pad_rows([it.tokens for it in items], max_length, policy.pad_id).to(device)
+    length[index] = torch.tensor([it.length for it in items], dtype=torch.long, device=device)
+    return Trajectories(
+        prompt=batch.prompt,
+        tokens=tokens,
+        length=length,
+        rows=tuple(rows),
+        texts=tuple(texts),
+        on_policy=tuple(sorted(set(batch.on_policy) - set(swap))),
+        stored_u=None,
+        temperature=batch.temperature,
+        timings=batch.timings,
+    )
+
+
+# --- reward ------------------------------------------------------------------------------------
+
+
+def reward(scorer: PrefixScorer, policy: HFPolicy, batch: Trajectories, kappa: float) -> Rewards:
+    """Task rewards u of every prefix (the stored ones for a replayed batch; else every distinct
+    uncached prefix text of the batch scored in one ``scorer`` call) and, when kappa > 0, the
+    reference prior kappa log P_ref from the frozen reference model."""
+    max_length = batch.tokens.shape[1]
+    scores = None
+    if batch.stored_u is not None:
+        u_host = batch.stored_u
+    else:
+        scored = scorer.score_rows(batch.prompt, batch.rows, max_length, batch.texts)
+        u_host, scores = scored.u, scored.scores
+    u = torch.as_tensor(u_host, dtype=torch.float32, device=batch.tokens.device)
+    if kappa <= 0:
+        return Rewards(u_host=u_host, scores=scores, u=u, prior=None, log_r=u)
+    prior = kappa * reference_log_prob(policy, batch.prompt, batch.tokens, batch.length)
+    return Rewards(u_host=u_host, scores=scores, u=u, prior=prior, log_r=u + prior)
+
+
+def correct_texts(task: Task, batch: Trajectories, rewards: Rewards) -> list[str]:
+    """Texts of the on-policy rows that are a success for the task (one per row: Acc counts
+    repeats)."""
+    if rewards.scores is None:
+        return []
+    is_correct = task_spec(task.name).is_correct
+    return [batch.texts[b] for b in batch.on_policy if is_correct(rewards.scores[b])]
+
+
+# --- loss --------------------------------------------------------------------------------------
+
+
+def loss_step(
+    policy: HFPolicy,
+    objective: Objective,
+    log_z: torch.Tensor,
+    batch: Trajectories,
+    rewards: Rewards,
+    step: int,
+    grad_accum: int,
+) -> LossResult | None:
+    """Rescore ``batch`` under the current policy (one teacher-forced forward with gradients),
+    evaluate the objective and backpropagate loss / grad_accum. None, with no backward, when the
+    log-probabilities or the loss are not finite."""
+    log_pf, log_pterm = policy.score(batch.prompt, batch.tokens, batch.length)
+    if not (torch.isfinite(log_pf).all() and torch.isfinite(log_pterm).all()):
+        return None
+    prefixes = to_prefix_batch(log_pf, log_pterm, rewards.log_r, rewards.u, batch.length)
+    loss, diagnostics = objective(prefixes, log_z, step)
+    if not torch.isfinite(loss):
+        return None
+    (loss / grad_accum).backward()
+    return LossResult(float(loss.detach()), diagnostics)
+
+
+# --- buffer update -----------------------------------------------------------------------------
+
+
+def new_items(task: Task, batch: Trajectories, rewards: Rewards) -> list[ReplayItem]:
+    """The on-policy rows of a sampled batch as replay items; their log-rewards include the
+    reference prior when kappa > 0."""
+    if rewards.scores is None or not batch.on_policy:
+        return []
+    log_r = rewards.u_host if rewards.prior is None else rewards.log_r.double().cpu().numpy()
+    scored = ScoredRows(u=rewards.u_host, scores=rewards.scores)
+    return replay_items(task, batch.prompt, batch.rows, batch.texts, scored, batch.on_policy, log_r)
+
+
+def replay_items(
+    task: Task,
+    prompt: str,
+    rows: Sequence[tuple[int, ...]],
+    texts: Sequence[str],
+    scored: ScoredRows,
+    indices: Iterable[int],
+    log_r: np.ndarray,
+) -> list[ReplayItem]:
+    """Replay items of rows b in ``indices``: tokens, text, task rewards u and log-rewards
+    ``log_r`` (float64 [B, T+1]) cut at tau, validity, and the task's item features."""
+    items = []
+    for b in indices:
+        end = len(rows[b]) + 1
+        items.append(
+            ReplayItem(
+                prompt=prompt,
+                tokens=rows[b],
+                text=texts[b],
+                log_r=log_r[b, :end],
+                u=scored.u[b, :end],
+                valid=scored.scores[b].valid,
+                **_item_extras(task, prompt, texts[b]),
+            )
+        )
+    return items
+
+
+def _item_extras(task: Task, prompt: str, text: str) -> dict[str, Any]:
+    """Replay-item ``features`` and ``canonical`` from a task that defines ``item_features``
+    (SMILES: the merged molecule's fingerprint and canonical SMILES); none otherwise."""
+    describe = getattr(task, "item_features", None)
+    if describe is None:
+        return {}
+    extras = describe(prompt, text)
+    return {"features": extras.features, "canonical": extras.canonical}

@@ -1,0 +1,209 @@
+"""The training step's stages (app.step), the bounded prefix-score cache and one fixed-seed run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from raptb.adapters.expr24 import SCORE_CACHE_LIMIT, Expr24Task
+from raptb.adapters.smiles import SmilesTask
+from raptb.app.config import build_config
+from raptb.app.runtime import (
+    DEFAULT_SCORE_CACHE_SIZE,
+    PrefixScorer,
+    ScoreCache,
+    build_policy,
+    pad_rows,
+)
+from raptb.app.step import (
+    Mix,
+    collect,
+    correct_texts,
+    draw_replay,
+    new_items,
+    replay_items,
+    reward,
+    roll_out,
+    splice_oracle,
+)
+from raptb.app.train import Trainer
+from raptb.core.ports import Score
+from raptb.core.replay import make_buffer
+
+N = 8
+
+
+@pytest.fixture(scope="module")
+def setup():
+    task = Expr24Task()
+    policy = build_policy("tiny", task, 0)
+    return task, policy, PrefixScorer(task, policy, 50.0)
+
+
+def rollout(setup, seed=0):
+    task, policy, _ = setup
+    generator = torch.Generator().manual_seed(seed)
+    return roll_out(policy, task, task.prompts()[0], N, 1.0, generator)
+
+
+def test_fixed_seed_run_gives_the_losses_recorded_from_main(tmp_path: Path) -> None:
+    # Recorded from main's single-function micro-batch (commit ac67fc5, torch 2.13 CPU, 1 thread)
+    # before the step was split into stages: replay draws, the kappa prior on replayed and sampled
+    # rows and the SubM refresh all enter these numbers. Another torch build may round differently.
+    cfg = build_config(
+        overrides={
+            "optim.batch_size": 8,
+            "optim.grad_accum": 2,
+            "threads": 1,
+            "steps": 4,
+            "replay.kind": "subm",
+            "replay.p_replay": (0.5, 0.5),
+            "reward.kappa": 1.0,
+        }
+    )
+    Trainer(cfg, tmp_path, progress=False).train()
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["loss"], r["log_z"]) for r in logged] == [
+        (583.1684112548828, 0.09999984502792358),
+        (3.11846387386322, 0.0623587891459465),
+        (591.5316467285156, 0.07396069914102554),
+        (6.6344287395477295, 0.0364057719707489),
+    ]
+    assert [r["replay_frac"] for r in logged] == [0.5, 0.0, 1.0, 0.0]
+
+
+def test_rollout_hands_over_tokens_rows_and_texts_that_agree(setup) -> None:
+    task, policy, scorer = setup
+    batch = rollout(setup)
+    assert torch.equal(batch.tokens, pad_rows(batch.rows, task.max_length, policy.pad_id))
+    assert batch.length.tolist() == [len(r) for r in batch.rows]
+    assert list(batch.texts) == [scorer.texts(r)[-1] for r in batch.rows]
+    assert batch.on_policy == tuple(range(N)) and not batch.replayed
+
+
+def test_prefix_texts_slice_the_given_text_like_concatenation(setup) -> None:
+    _, _, scorer = setup
+    batch = rollout(setup)
+    for row, text in zip(batch.rows, batch.texts, strict=True):
+        assert scorer.texts(row, text) == scorer.texts(row)
+        assert len(scorer.texts(row)) == len(row) + 1
+
+
+def test_oracle_splice_replaces_rows_tokens_lengths_and_texts_together(setup) -> None:
+    task, policy, scorer = setup
+    prompt = task.prompts()[0]
+    solutions = [tuple(policy.tokenizer.encode(t, add_special_tokens=False)) for t in ("4*6",)]
+    texts = [scorer.texts(r)[-1] for r in solutions]
+    scored = scorer.score_rows(prompt, solutions, task.max_length, texts)
+    items = replay_items(task, prompt, solutions, texts, scored, range(1), scored.u)
+    oracle = make_buffer("oracle", items=items)
+    batch = rollout(setup)
+    spliced = splice_oracle(policy, batch, oracle, 0.5, np.random.default_rng(0))
+    swapped = sorted(set(range(N)) - set(spliced.on_policy))
+    assert len(swapped) == 4
+    for b in range(N):
+        want = solutions[0] if b in swapped else batch.rows[b]
+        assert spliced.rows[b] == want
+        assert spliced.texts[b] == scorer.texts(want)[-1]
+    assert torch.equal(spliced.tokens, pad_rows(spliced.rows, task.max_length, policy.pad_id))
+    assert spliced.length.tolist() == [len(r) for r in spliced.rows]
+    # the input batch is left as it was
+    assert torch.equal(batch.tokens, pad_rows(batch.rows, task.max_length, policy.pad_id))
+
+
+def test_reward_scores_each_distinct_uncached_prefix_in_one_call(setup, monkeypatch) -> None:
+    task, policy, _ = setup
+    scorer = PrefixScorer(task, policy, 50.0)
+    calls: list[list[str]] = []
+    real = scorer.score_many
+
+    def spy(prompt: str, texts):
+        calls.append(list(texts))
+        return real(prompt, texts)
+
+    monkeypatch.setattr(scorer, "score_many", spy)
+    batch = rollout(setup)
+    rewards = reward(scorer, policy, batch, kappa=0.0)
+    prefixes = {t for row in batch.rows for t in scorer.texts(row)}
+    assert len(calls) == 1 and sorted(calls[0]) == sorted(prefixes)
+    assert rewards.u.dtype == torch.float32 and rewards.log_r is rewards.u and rewards.prior is None
+    for b, row in enumerate(batch.rows):
+        want = [50.0 * task.score("", t).value for t in scorer.texts(row)]
+        assert rewards.u_host[b, : len(row) + 1].tolist() == want
+        assert not rewards.u_host[b, len(row) + 1 :].any()
+    reward(scorer, policy, batch, kappa=0.0)
+    assert len(calls) == 1  # everything is cached now
+
+
+def test_reward_adds_the_reference_prior_and_items_store_it(setup) -> None:
+    task, policy, scorer = setup
+    policy.freeze_reference()
+    batch = rollout(setup)
+    plain = reward(scorer, policy, batch, kappa=0.0)
+    rewards = reward(scorer, policy, batch, kappa=2.0)
+    assert rewards.prior is not None
+    assert torch.equal(rewards.log_r, plain.u + rewards.prior)
+    items = new_items(task, batch, rewards)
+    assert [it.tokens for it in items] == list(batch.rows)
+    log_r = rewards.log_r.double().numpy()
+    for b, it in enumerate(items):
+        assert np.array_equal(it.log_r, log_r[b, : len(it.tokens) + 1])
+        assert np.array_equal(it.u, plain.u_host[b, : len(it.tokens) + 1])
+    hits = correct_texts(task, batch, rewards)
+    assert all(task.score("", t) == Score(1.0, True) for t in hits)
+
+
+def test_replayed_batch_reuses_stored_rewards_and_adds_nothing(setup) -> None:
+    task, policy, scorer = setup
+    prompt = task.prompts()[0]
+    batch = rollout(setup)
+    rewards = reward(scorer, policy, batch, kappa=0.0)
+    buffer = make_buffer("rp", capacity=50)
+    buffer.add(new_items(task, batch, rewards))
+    drawn = draw_replay(policy, buffer, prompt, N, task.max_length, np.random.default_rng(1))
+    assert drawn.replayed and drawn.on_policy == ()
+    assert torch.equal(drawn.tokens, pad_rows(drawn.rows, task.max_length, policy.pad_id))
+    again = reward(scorer, policy, drawn, kappa=0.0)
+    assert again.scores is None and again.u_host is drawn.stored_u
+    assert new_items(task, drawn, again) == [] and correct_texts(task, drawn, again) == []
+
+
+def test_collect_draws_from_the_buffer_with_probability_p_replay(setup) -> None:
+    task, policy, scorer = setup
+    buffer = make_buffer("rp", capacity=50)
+    batch = rollout(setup)
+    buffer.add(new_items(task, batch, reward(scorer, policy, batch, kappa=0.0)))
+    kwargs = {"buffer": buffer, "oracle": None, "generator": torch.Generator().manual_seed(0)}
+    always = Mix(1.0, 0.0, 1.0, 1.0, 0.0, 0.0)
+    never = Mix(0.0, 1.0, 0.5, 0.5, 0.0, 0.0)
+    prompt = task.prompts()[0]
+    rng = np.random.default_rng(0)
+    assert collect(policy, task, prompt, N, always, rng=rng, **kwargs).replayed
+    sampled = collect(policy, task, prompt, N, never, rng=rng, **kwargs)
+    assert not sampled.replayed and sampled.temperature == 0.5
+
+
+def test_score_cache_is_a_bounded_lru() -> None:
+    cache = ScoreCache(2)
+    a, b, c = ("p", "a"), ("p", "b"), ("p", "c")
+    cache.put(a, Score(1.0, True))
+    cache.put(b, Score(0.0, True))
+    assert cache.get(a) == Score(1.0, True)  # a is now the most recent
+    cache.put(c, Score(0.0, False))
+    assert len(cache) == 2 and cache.get(b) is None and cache.get(a) is not None
+    with pytest.raises(ValueError, match="size"):
+        ScoreCache(0)
+
+
+def test_the_cache_size_is_the_tasks_own_cap(setup) -> None:
+    task, _, scorer = setup
+    assert scorer.cache.size == task.score_cache_size == SCORE_CACHE_LIMIT
+    assert not hasattr(task, "_cache")  # one cache: the task keeps no memo of its own
+    smiles = SmilesTask()
+    assert PrefixScorer(smiles, build_policy("tiny", smiles, 0), 1.0).cache.size == (
+        DEFAULT_SCORE_CACHE_SIZE
+    )
