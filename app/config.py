@@ -19,10 +19,19 @@ from typing import Annotated, Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from raptb.app.durable import write_atomically
+
 TaskName = Literal["expr24", "smiles", "custom"]
 LossName = Literal["tb", "subtb", "raptb", "avg_prefix_tb", "root_subtb_logz", "vargrad"]
 ReplayName = Literal["none", "rp", "prt", "subm", "oracle"]
-Pair = tuple[float, float]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Probability = Annotated[float, Field(ge=0, le=1)]
+ProbabilityPair = tuple[Probability, Probability]
+"""A linear schedule (start, end) of probabilities."""
+TemperaturePair = tuple[Positive, Positive]
+"""A linear schedule (start, end) of sampling temperatures."""
 
 
 class _Section(BaseModel):
@@ -32,18 +41,18 @@ class _Section(BaseModel):
 class ObjectiveConfig(_Section):
     """Objective hyperparameters; ``None`` keeps the objective's own default (core.objectives)."""
 
-    eta: Annotated[float, Field(ge=0)] = 0.25
+    eta: NonNegative = 0.25
     gamma: Annotated[float, Field(gt=0, le=1)] = 0.99
     alpha: Annotated[float, Field(ge=0, le=1)] = 0.8
-    beta: Annotated[float, Field(gt=0)] = 3.0
-    rho: Annotated[float, Field(ge=0)] = 0.5
+    beta: Positive = 3.0
+    rho: NonNegative = 0.5
     k_min: tuple[int, int] = (7, 3)
     """k_min schedule (start, end), linear over the schedule, integer-truncated."""
     horizon: Annotated[int, Field(ge=1)] | None = None
     target: Literal["max", "soft", "mix"] = "mix"
     detach_pterm: bool = True
-    absorb_eps: Annotated[float, Field(ge=0)] = 1e-6
-    subtb_lambda: Annotated[float, Field(gt=0)] | None = None
+    absorb_eps: NonNegative = 1e-6
+    subtb_lambda: Positive | None = None
     """Window/prefix weight base; None keeps each objective's default (SubTB family 0.9,
     RapTB 1 = uniform)."""
 
@@ -55,40 +64,46 @@ class ObjectiveConfig(_Section):
 
 
 class OptimConfig(_Section):
-    lr: Annotated[float, Field(gt=0)] = 1e-3
-    log_z_lr: Annotated[float, Field(gt=0)] = 0.1
-    log_z_init: float = 0.0
-    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    lr: Positive = 1e-3
+    log_z_lr: Positive = 0.1
+    log_z_init: Finite = 0.0
+    weight_decay: NonNegative = 0.0
     batch_size: Annotated[int, Field(ge=1)] = 32
     """Trajectories per micro-batch."""
     grad_accum: Annotated[int, Field(ge=1)] = 4
-    clip: Annotated[float, Field(gt=0)] | None = 0.5
+    clip: Positive | None = 0.5
 
 
 class SamplingConfig(_Section):
-    temp_hi: Pair = (1.5, 1.0)
-    temp_lo: Pair = (0.8, 1.0)
-    low_temp_prob: Annotated[float, Field(ge=0, le=1)] = 0.666
+    temp_hi: TemperaturePair = (1.5, 1.0)
+    temp_lo: TemperaturePair = (0.8, 1.0)
+    low_temp_prob: Probability = 0.666
     """Probability that an on-policy batch uses a temperature drawn from [T_lo, T_hi]."""
 
 
 class ReplayConfig(_Section):
     kind: ReplayName = "subm"
     capacity: Annotated[int, Field(ge=1)] = 200
-    p_replay: Pair = (0.5, 0.25)
-    p_oracle: Pair = (0.75, 0.25)
+    p_replay: ProbabilityPair = (0.5, 0.25)
+    p_oracle: ProbabilityPair = (0.75, 0.25)
     """Oracle replay: probability that an on-policy batch has rows spliced from the oracle."""
-    oracle_fraction: Annotated[float, Field(ge=0, le=1)] = 0.7
+    oracle_fraction: Probability = 0.7
     subm_diversity: Literal["facility", "dispersion"] = "facility"
     """SubM's diversity term: the paper's facility location, or the released reference code's
     dispersion rule w_div (1 - max_{s in S} sim(x, s)) for comparison runs."""
 
 
 class RewardConfig(_Section):
-    reward_scale: Annotated[float, Field(ge=0)] = 50.0
+    reward_scale: NonNegative = 50.0
     """lambda: u_k = lambda * S(prefix_k)."""
-    kappa: Annotated[float, Field(ge=0)] = 0.0
+    kappa: NonNegative = 0.0
     """Weight of the frozen reference model's log-probability in log R."""
+    workers: Annotated[int, Field(ge=0)] = 0
+    """Processes that score distinct prefixes in parallel (0: in the trainer); for slow rewards.
+    The task must be picklable (a custom reward defined at module level is)."""
+    max_failed_steps: Annotated[int, Field(ge=1)] = 10
+    """Stop after this many consecutive steps in which every reward call raised or was
+    non-finite."""
 
 
 class LoraConfig(_Section):
@@ -99,7 +114,7 @@ class LoraConfig(_Section):
     """
 
     rank: Annotated[int, Field(ge=0)] | None = None
-    alpha: Annotated[float, Field(gt=0)] = 16.0
+    alpha: Positive = 16.0
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1
 
 
@@ -242,9 +257,9 @@ def build_config(file: Path | None = None, overrides: dict[str, Any] | None = No
 
 
 def save_config(config: TrainConfig, path: Path) -> None:
-    """Write ``config`` as TOML (None values are omitted: they mean "default")."""
+    """Write ``config`` as TOML, atomically (None values are omitted: they mean "default")."""
     data = config.model_dump(mode="json", exclude_none=True)
-    path.write_text(tomli_w.dumps(data))
+    write_atomically(path, tomli_w.dumps(data))
 
 
 def load_config(path: Path) -> TrainConfig:
