@@ -11,7 +11,6 @@ reference model (only computed when kappa > 0).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +26,10 @@ from raptb.adapters.policy import HFPolicy, default_grammar_threads
 from raptb.adapters.smiles import DEFAULT_SCAFFOLD, SmilesTask, read_scaffolds
 from raptb.adapters.tokens import legal_token_ids, stop_token_id
 from raptb.app.config import LoraConfig, TrainConfig
+from raptb.app.reward_calls import RewardCaller
 from raptb.core.ports import Score, Task
 
 TASKS = ("expr24", "smiles", "custom")
-_log = logging.getLogger(__name__)
 
 
 def build_task(config: TrainConfig) -> Task:
@@ -121,11 +120,22 @@ class ScoredRows:
 
 
 class PrefixScorer:
-    """Scores every prefix of generated token sequences with the task (memoised by text)."""
+    """Scores every prefix of generated token sequences with the task (memoised by text).
 
-    def __init__(self, task: Task, policy: HFPolicy, reward_scale: float) -> None:
+    Rewards are computed through ``rewards`` (default: serial, no warnings), which counts failed
+    and non-finite rewards and may score the uncached prefixes of a batch in a worker pool.
+    """
+
+    def __init__(
+        self,
+        task: Task,
+        policy: HFPolicy,
+        reward_scale: float,
+        rewards: RewardCaller | None = None,
+    ) -> None:
         self.task = task
         self.reward_scale = float(reward_scale)
+        self.rewards = rewards or RewardCaller(task)
         self._text_of = dict(zip(policy.legal_ids, policy.texts, strict=True))
         self._cache: dict[tuple[str, str], Score] = {}
 
@@ -136,29 +146,24 @@ class PrefixScorer:
             out.append(out[-1] + self._text_of[int(token)])
         return out
 
+    def _fill(self, prompt: str, texts: Sequence[str]) -> None:
+        """Score the texts not yet cached in one batched call."""
+        missing = [t for t in dict.fromkeys(texts) if (prompt, t) not in self._cache]
+        if missing:
+            scores = self.rewards.score_many(prompt, missing)
+            self._cache.update(((prompt, t), s) for t, s in zip(missing, scores, strict=True))
+
     def score_text(self, prompt: str, text: str) -> Score:
-        key = (prompt, text)
-        hit = self._cache.get(key)
-        if hit is None:
-            try:
-                hit = self.task.score(prompt, text)
-            except Exception as exc:  # a reward that raises marks the sample invalid
-                _log.warning(
-                    "task %s: score(%r) raised %s: %s; the sample counts as invalid",
-                    self.task.name,
-                    text,
-                    type(exc).__name__,
-                    exc,
-                )
-                hit = Score(0.0, False)
-            self._cache[key] = hit
-        return hit
+        self._fill(prompt, [text])
+        return self._cache[(prompt, text)]
 
     def score_rows(self, prompt: str, rows: Sequence[Sequence[int]], max_length: int) -> ScoredRows:
+        prefixes = [self.texts(tokens) for tokens in rows]
+        self._fill(prompt, [text for texts in prefixes for text in texts])
         u = np.zeros((len(rows), max_length + 1))
         scores = []
-        for b, tokens in enumerate(rows):
-            prefix_scores = [self.score_text(prompt, t) for t in self.texts(tokens)]
+        for b, texts in enumerate(prefixes):
+            prefix_scores = [self._cache[(prompt, t)] for t in texts]
             u[b, : len(prefix_scores)] = [self.reward_scale * s.value for s in prefix_scores]
             scores.append(prefix_scores[-1])
         return ScoredRows(u=u, scores=scores)
