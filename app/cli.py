@@ -9,6 +9,7 @@ import typer
 
 from raptb.app.bench import subm as bench_subm
 from raptb.app.enumerate import enumerate_command
+from raptb.app.errors import run_cli
 from raptb.app.evaluate import eval_command
 from raptb.app.train_command import train_command
 
@@ -32,4 +33,4 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    app()
+    run_cli(app)
