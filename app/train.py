@@ -417,7 +417,9 @@ class Trainer:
         self.console.print(f"[yellow]{name}: finishing this step and checkpointing...[/]")
 
     def _warn(self, line: str) -> None:
-        self.console.print(f"warning: {line}", style="yellow", markup=False, highlight=False)
+        self.console.print(
+            f"warning: {line}", style="yellow", markup=False, highlight=False, soft_wrap=True
+        )
 
     def _progress(self) -> Progress:
         return Progress(

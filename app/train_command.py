@@ -25,7 +25,7 @@ EXIT_TERMINATED = 128 + signal.SIGTERM
 
 
 def _warn(line: str) -> None:
-    _err.print(f"warning: {line}", style="yellow", markup=False, highlight=False)
+    _err.print(f"warning: {line}", style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 
 def _fail(message: str) -> typer.Exit:
