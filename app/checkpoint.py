@@ -38,7 +38,8 @@ from raptb.app.durable import fsync_dir, fsync_file
 PREFIX = "step-"
 TMP_PREFIX = ".tmp-"
 MANIFEST = "manifest.json"
-REQUIRED = ("model", "trainer.pt", "state.json", "arrays.npz")
+MODEL_DIR = "model"
+REQUIRED = (MODEL_DIR, "trainer.pt", "state.json", "arrays.npz")
 """Entries every checkpoint has; checked for checkpoints without a manifest."""
 
 
@@ -130,17 +131,19 @@ def _seal(folder: Path) -> None:
     fsync_dir(folder)
 
 
-def verify(folder: Path) -> bool:
-    """Check ``folder`` against its manifest; False when it has none (written before manifests).
+def verify(folder: Path, needs: tuple[str, ...] = REQUIRED) -> bool:
+    """Check ``folder`` against its manifest; False when it has none (written before manifests):
+    then only the entries in ``needs`` are checked to exist.
 
     Raises:
         CheckpointError: a file is missing, has another size, or fails its checksum.
     """
     manifest_path = folder / MANIFEST
     if not manifest_path.is_file():
-        for name in REQUIRED:
+        for name in needs:
             if not (folder / name).exists():
-                raise CheckpointError(f"{folder / name} is missing")
+                what = f"{name}/ folder" if name == MODEL_DIR else name
+                raise CheckpointError(f"{folder} has no {what}")
         return False
     try:
         files = json.loads(manifest_path.read_text())["files"]
@@ -164,8 +167,13 @@ def _warn_stderr(line: str) -> None:
     print(f"warning: {line}", file=sys.stderr)
 
 
-def newest_usable(run_dir: Path, warn: Callable[[str], None] = _warn_stderr) -> Path | None:
-    """The newest checkpoint that passes ``verify``; None when the run has no checkpoint.
+def newest_usable(
+    run_dir: Path,
+    warn: Callable[[str], None] = _warn_stderr,
+    needs: tuple[str, ...] = REQUIRED,
+) -> Path | None:
+    """The newest checkpoint that passes ``verify(folder, needs)``; None when the run has no
+    checkpoint (evaluation ``needs`` only the model).
 
     Each bad checkpoint skipped costs one ``warn`` line naming the file and the fault.
 
@@ -176,7 +184,7 @@ def newest_usable(run_dir: Path, warn: Callable[[str], None] = _warn_stderr) -> 
     faults = []
     for folder in reversed(found):
         try:
-            verified = verify(folder)
+            verified = verify(folder, needs)
         except CheckpointError as exc:
             faults.append(str(exc))
             warn(f"checkpoint {folder.name} is unusable: {exc}; trying an older one")
@@ -187,7 +195,7 @@ def newest_usable(run_dir: Path, warn: Callable[[str], None] = _warn_stderr) -> 
     if faults:
         raise CheckpointError(
             f"no usable checkpoint in {checkpoint_dir(run_dir)} ({len(faults)} bad, newest: "
-            f"{faults[0]}); start afresh with --overwrite"
+            f"{faults[0]}); restore one, or start the run afresh with raptb train --overwrite"
         )
     return None
 

@@ -1,7 +1,8 @@
 """Starting or resuming a run directory: a resumed run is the same run, a new run a clean slate.
 
-A run directory holds one run. ``raptb train`` into a directory that already holds something
-refuses unless ``--resume`` (continue it) or ``--overwrite`` (delete it first) is given.
+A run directory holds one run. ``raptb train`` into a directory that already holds a run's files
+(``RUN_ENTRIES``) refuses unless ``--resume`` (continue it) or ``--overwrite`` (delete those
+files first) is given. Other files there (a job script's log, say) are neither a run nor deleted.
 
 ``--resume`` compares the resolved configuration with the run's ``config.toml`` field by field;
 only the fields of ``RESUMABLE_CHANGES`` may differ, because they change how long or how
@@ -16,8 +17,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from raptb.app.checkpoint import checkpoint_dir
 from raptb.app.config import TrainConfig, build_config
-from raptb.app.run_lock import LOCK_FILES
+from raptb.app.evaluate import eval_dir
+from raptb.app.run_log import log_path
 
 CONFIG_FILE = "config.toml"
 RESUMABLE_CHANGES = (
@@ -49,9 +52,9 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _run_entries(run_dir: Path) -> list[Path]:
-    if not run_dir.is_dir():
-        return []
-    return sorted(p for p in run_dir.iterdir() if p.name not in LOCK_FILES)
+    """The files and folders of a run present in ``run_dir``."""
+    entries = (Path(run_dir) / CONFIG_FILE, log_path(run_dir), checkpoint_dir(run_dir))
+    return [p for p in (*entries, eval_dir(run_dir)) if p.exists() or p.is_symlink()]
 
 
 def with_horizon(config: TrainConfig, horizon: int) -> TrainConfig:
@@ -62,15 +65,15 @@ def with_horizon(config: TrainConfig, horizon: int) -> TrainConfig:
 
 
 def claim_new_run(run_dir: Path, config: TrainConfig, *, overwrite: bool) -> TrainConfig:
-    """Make ``run_dir`` ready for a new run (empty it with ``overwrite``); the run's config with
-    its schedule horizon resolved, as it will be saved.
+    """Make ``run_dir`` ready for a new run (delete a previous run's files with ``overwrite``);
+    the run's config with its schedule horizon resolved, as it will be saved.
 
     Raises:
         RunMismatch: ``run_dir`` holds something and ``overwrite`` is False.
     """
     entries = _run_entries(run_dir)
     if entries and not overwrite:
-        names = ", ".join(p.name for p in entries[:4]) + (", ..." if len(entries) > 4 else "")
+        names = ", ".join(p.name for p in entries)
         raise RunMismatch(
             f"{run_dir} already holds a run ({names}); pass --resume to continue it, "
             "--overwrite to delete it and start afresh, or another --out"

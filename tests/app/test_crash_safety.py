@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -150,6 +151,19 @@ def test_changed_config_and_fewer_steps_are_refused(tmp_path, capsys):
     code, err = run_main([*RUN, "--steps", "1", "--out", str(run), "--overwrite"], capsys)
     assert code == 0, err
     assert [r["step"] for r in records(run)] == [1]
+
+
+def test_resume_starts_a_run_that_has_no_checkpoint_yet(tmp_path, capsys):
+    # the SLURM pattern: every submission is the same `--resume --config` command
+    config, run = tmp_path / "run.toml", tmp_path / "run"
+    config.write_text("steps = 2\n")
+    args = [*RUN, "--out", str(run), "--resume", "--config", str(config)]
+    code, err = run_main(args, capsys)
+    assert code == 0, err
+    shutil.rmtree(run / "checkpoints")  # preempted before its first checkpoint
+    code, err = run_main(args, capsys)
+    assert code == 0 and "has no checkpoint yet; training from step 0" in err
+    assert [r["step"] for r in records(run)] == [1, 2]
 
 
 @pytest.mark.parametrize("value", ["inf", "nan", "-1"])
