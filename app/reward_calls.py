@@ -15,6 +15,8 @@ Every reward call ends in one of three outcomes:
 ``workers = N >= 1`` scores distinct texts in a pool of N processes (``concurrent.futures``
 over the ``spawn`` start method: no forked copy of the trainer's torch threads). The task is
 pickled once per worker, so it must be picklable (a reward function defined at module level is).
+A spawned worker re-imports the main module; the ``raptb`` command's is ``app.entry``, which
+imports nothing heavy, so a worker starts in about the time its task's imports take.
 Outcomes come back in order and as the same Python floats, so pooled scores equal serial ones.
 """
 
