@@ -132,8 +132,8 @@ def _seal(folder: Path) -> None:
 
 
 def verify(folder: Path, needs: tuple[str, ...] = REQUIRED) -> bool:
-    """Check ``folder`` against its manifest; False when it has none (written before manifests):
-    then only the entries in ``needs`` are checked to exist.
+    """Check the entries ``needs`` of ``folder`` (files, or folders and all below them) against
+    its manifest; False when it has none (written before manifests): then they only have to exist.
 
     Raises:
         CheckpointError: a file is missing, has another size, or fails its checksum.
@@ -150,6 +150,8 @@ def verify(folder: Path, needs: tuple[str, ...] = REQUIRED) -> bool:
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{manifest_path} is unreadable ({exc})") from None
     for name, expected in files.items():
+        if not any(name == need or name.startswith(f"{need}/") for need in needs):
+            continue
         path = folder / name
         if not path.is_file():
             raise CheckpointError(f"{path} is missing")

@@ -124,11 +124,11 @@ def test_bad_checkpoints_fall_back_then_refuse(tmp_path, capsys):
     assert [r["step"] for r in records(run)] == [1, 2, 3, 4, 5]
 
     for folder in list_checkpoints(run):
-        (folder / "trainer.pt").unlink()
+        (folder / "model" / "model.safetensors").unlink()
     code, err = run_main(["eval", str(run), "--samples", "4"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 3, err  # two warnings, one error
-    assert err.strip().splitlines()[-1].startswith("error: no usable checkpoint")
-    assert "trainer.pt is missing" in err
+    assert err.strip().splitlines()[-1].startswith("error: checkpoint: no usable checkpoint")
+    assert "model.safetensors is missing" in err
 
 
 def test_changed_config_and_fewer_steps_are_refused(tmp_path, capsys):
