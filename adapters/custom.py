@@ -44,17 +44,20 @@ def load_callable(path: str) -> RewardFn:
     return target  # type: ignore[return-value]
 
 
-def _as_score(out: object) -> Score:
+def _unchecked(out: object) -> Score:
+    """The reward's return value as a Score, its value possibly NaN or infinite."""
     if isinstance(out, Score):
         return out
     if isinstance(out, tuple) and len(out) == 2:
-        value, valid = float(out[0]), bool(out[1])
-    else:
-        value = float(out)  # type: ignore[arg-type]
-        valid = True
-    if not math.isfinite(value):
+        return Score(float(out[0]), bool(out[1]))
+    return Score(float(out), True)  # type: ignore[arg-type]
+
+
+def _as_score(out: object) -> Score:
+    score = _unchecked(out)
+    if not math.isfinite(score.value):
         return Score(0.0, False)
-    return Score(value, valid)
+    return score
 
 
 @dataclass
@@ -109,6 +112,11 @@ class CustomTask:
 
     def score(self, prompt: str, text: str) -> Score:
         return _as_score(self.reward(prompt, text))
+
+    def unchecked_score(self, prompt: str, text: str) -> Score:
+        """``score`` without the non-finite rule, so a caller can count NaN and inf rewards
+        (app.reward_calls)."""
+        return _unchecked(self.reward(prompt, text))
 
 
 class CustomOptions(TaskOptions):

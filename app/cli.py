@@ -15,6 +15,7 @@ from raptb import __version__
 from raptb.app.bench import subm as bench_subm
 from raptb.app.config_reference import config_command
 from raptb.app.enumerate import enumerate_command
+from raptb.app.errors import run_cli
 from raptb.app.evaluate import eval_command
 from raptb.app.study.command import study_command
 from raptb.app.train_command import train_command
@@ -62,4 +63,4 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    app()
+    run_cli(app)

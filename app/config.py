@@ -33,19 +33,30 @@ from pydantic import (
 )
 
 from raptb.adapters.registry import TaskOptions, task_names, task_spec
+from raptb.app.durable import write_atomically
 from raptb.core.objectives import RapTB, objective_hyperparameters
 from raptb.core.schedules import LinearSchedule
 
 LossName = Literal["tb", "subtb", "raptb", "avg_prefix_tb", "root_subtb_logz", "vargrad"]
 ReplayName = Literal["none", "rp", "prt", "subm", "oracle"]
-Pair = tuple[float, float]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Probability = Annotated[float, Field(ge=0, le=1)]
+ProbabilityPair = tuple[Probability, Probability]
+"""A linear schedule (start, end) of probabilities."""
+TemperaturePair = tuple[Positive, Positive]
+"""A linear schedule (start, end) of sampling temperatures."""
 DEFAULT_TASK = "expr24"
 _RAPTB_DEFAULTS = {f.name: f.default for f in fields(RapTB)}
 
 
 def _raptb(name: str, description: str, **constraints: Any) -> Any:
     """A field whose default is core RapTB's (the paper's Expr24 column), so it is written once."""
-    return Field(_RAPTB_DEFAULTS[name], description=description, **constraints)
+    default = _RAPTB_DEFAULTS[name]
+    if isinstance(default, float):
+        constraints.setdefault("allow_inf_nan", False)
+    return Field(default, description=description, **constraints)
 
 
 class _Section(BaseModel):
@@ -79,7 +90,7 @@ class ObjectiveConfig(_Section):
     absorb_eps: float = _raptb(
         "absorb_eps", "RapTB: absorb gate; prefixes with |u_k| <= it take the future target.", ge=0
     )
-    subtb_lambda: Annotated[float, Field(gt=0)] | None = Field(
+    subtb_lambda: Positive | None = Field(
         None,
         description="Window/prefix weight base; None keeps each objective's own default "
         "(SubTB family 0.9, RapTB 1 = uniform).",
@@ -95,27 +106,23 @@ class ObjectiveConfig(_Section):
 class OptimConfig(_Section):
     """AdamW for the policy, and for logZ in its own float32 parameter group."""
 
-    lr: Annotated[float, Field(gt=0)] = Field(1e-3, description="Policy learning rate.")
-    log_z_lr: Annotated[float, Field(gt=0)] = Field(0.1, description="logZ learning rate.")
-    log_z_init: float = Field(0.0, description="Initial logZ.")
-    weight_decay: Annotated[float, Field(ge=0)] = Field(
-        0.0, description="Policy weight decay (logZ has none)."
-    )
+    lr: Positive = Field(1e-3, description="Policy learning rate.")
+    log_z_lr: Positive = Field(0.1, description="logZ learning rate.")
+    log_z_init: Finite = Field(0.0, description="Initial logZ.")
+    weight_decay: NonNegative = Field(0.0, description="Policy weight decay (logZ has none).")
     batch_size: Annotated[int, Field(ge=1)] = Field(32, description="Trajectories per micro-batch.")
     grad_accum: Annotated[int, Field(ge=1)] = Field(
         4, description="Micro-batches per optimizer step."
     )
-    clip: Annotated[float, Field(gt=0)] | None = Field(
-        0.5, description="Gradient-norm clip; None: no clipping."
-    )
+    clip: Positive | None = Field(0.5, description="Gradient-norm clip; None: no clipping.")
 
 
 class SamplingConfig(_Section):
     """Behaviour policy of on-policy batches."""
 
-    temp_hi: Pair = Field((1.5, 1.0), description="T_hi schedule (start, end).")
-    temp_lo: Pair = Field((0.8, 1.0), description="T_lo schedule (start, end).")
-    low_temp_prob: Annotated[float, Field(ge=0, le=1)] = Field(
+    temp_hi: TemperaturePair = Field((1.5, 1.0), description="T_hi schedule (start, end).")
+    temp_lo: TemperaturePair = Field((0.8, 1.0), description="T_lo schedule (start, end).")
+    low_temp_prob: Probability = Field(
         0.666,
         description="Probability that an on-policy batch uses a temperature drawn from "
         "[T_lo, T_hi] (otherwise 1).",
@@ -130,16 +137,16 @@ class ReplayConfig(_Section):
         description="Replay: none, rp, prt, subm, oracle (enumerable tasks only).",
     )
     capacity: Annotated[int, Field(ge=1)] = Field(200, description="Items kept per prompt.")
-    p_replay: Pair = Field(
+    p_replay: ProbabilityPair = Field(
         (0.5, 0.25),
         description="Probability that a micro-batch is drawn from the buffer (start, end).",
     )
-    p_oracle: Pair = Field(
+    p_oracle: ProbabilityPair = Field(
         (0.75, 0.25),
         description="Oracle replay: probability that an on-policy batch has rows spliced from "
         "the oracle (start, end).",
     )
-    oracle_fraction: Annotated[float, Field(ge=0, le=1)] = Field(
+    oracle_fraction: Probability = Field(
         0.7, description="Oracle replay: fraction of a spliced batch's rows replaced."
     )
     subm_diversity: Literal["facility", "dispersion"] = Field(
@@ -152,11 +159,20 @@ class ReplayConfig(_Section):
 class RewardConfig(_Section):
     """log R_k = kappa * log P_ref(prefix_k + stop) + lambda * S(prefix_k)."""
 
-    reward_scale: Annotated[float, Field(ge=0)] = Field(
-        50.0, description="lambda: u_k = lambda * S(prefix_k)."
-    )
-    kappa: Annotated[float, Field(ge=0)] = Field(
+    reward_scale: NonNegative = Field(50.0, description="lambda: u_k = lambda * S(prefix_k).")
+    kappa: NonNegative = Field(
         0.0, description="Weight of the frozen reference model's log-probability in log R."
+    )
+    workers: Annotated[int, Field(ge=0)] = Field(
+        0,
+        description="Processes that score distinct prefixes in parallel (0: in the trainer); "
+        "for slow rewards. The task must be picklable (a custom reward defined at module level "
+        "is).",
+    )
+    max_failed_steps: Annotated[int, Field(ge=1)] = Field(
+        10,
+        description="Stop after this many consecutive steps in which every reward call raised "
+        "or was non-finite.",
     )
 
 
@@ -166,7 +182,7 @@ class LoraConfig(_Section):
     rank: Annotated[int, Field(ge=0)] | None = Field(
         None, description="LoRA rank; None or 0 trains every weight."
     )
-    alpha: Annotated[float, Field(gt=0)] = Field(16.0, description="LoRA alpha.")
+    alpha: Positive = Field(16.0, description="LoRA alpha.")
     dropout: Annotated[float, Field(ge=0, lt=1)] = Field(0.1, description="LoRA dropout.")
 
 
@@ -336,8 +352,8 @@ def config_toml(config: TrainConfig) -> str:
 
 
 def save_config(config: TrainConfig, path: Path) -> None:
-    """Write ``config`` as TOML (see :func:`config_toml`)."""
-    path.write_text(config_toml(config))
+    """Write ``config`` as TOML (see :func:`config_toml`), atomically."""
+    write_atomically(path, config_toml(config))
 
 
 def load_config(path: Path) -> TrainConfig:

@@ -47,7 +47,7 @@ from rich.table import Table
 from raptb.adapters.lora import is_adapter_folder
 from raptb.adapters.policy import HFPolicy
 from raptb.adapters.registry import TaskSpec, task_names, task_spec
-from raptb.app.checkpoint import PREFIX, latest_checkpoint
+from raptb.app.checkpoint import MODEL_DIR, PREFIX, CheckpointError, newest_usable
 from raptb.app.config import ConfigError, TrainConfig, load_config
 from raptb.app.plots import (
     plot_length_histogram,
@@ -82,11 +82,12 @@ def _load_run(run_dir: Path) -> tuple[TrainConfig, Path]:
     if not config_path.is_file():
         raise EvalError(f"run_dir: {run_dir} has no config.toml (not a run directory)")
     config = load_config(config_path)
-    checkpoint = latest_checkpoint(run_dir)
+    try:  # verified; falls back past a bad newest one
+        checkpoint = newest_usable(run_dir, needs=(MODEL_DIR,))
+    except CheckpointError as exc:
+        raise EvalError(f"checkpoint: {exc}") from None
     if checkpoint is None:
         raise EvalError(f"run_dir: {run_dir} has no checkpoint under checkpoints/ (train first)")
-    if not (checkpoint / "model").is_dir():
-        raise EvalError(f"checkpoint: {checkpoint} has no model/ folder")
     return config, checkpoint
 
 

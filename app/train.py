@@ -37,8 +37,18 @@ from transformers import AutoModelForCausalLM
 
 from raptb.adapters.lora import is_peft_model, load_adapter_weights
 from raptb.adapters.registry import task_spec
-from raptb.app.checkpoint import latest_checkpoint, read_state, save_atomically, write_state
+from raptb.app.checkpoint import (
+    checkpoint_step,
+    latest_checkpoint,
+    newest_usable,
+    read_state,
+    save_atomically,
+    write_state,
+)
 from raptb.app.config import TrainConfig, save_config
+from raptb.app.resume import check_steps
+from raptb.app.reward_calls import RewardCaller
+from raptb.app.run_log import cut_log, log_path
 from raptb.app.runtime import PrefixScorer, build_policy, build_task
 from raptb.app.step import (
     Mix,
@@ -64,6 +74,8 @@ class TrainResult:
     step: int
     interrupted: bool
     checkpoint: Path | None
+    stop_signal: int | None = None
+    """The signal (SIGINT, SIGTERM) that stopped the run early, if one did."""
 
 
 @dataclass
@@ -94,9 +106,11 @@ class Trainer:
         self.show_progress = progress
         if config.threads is not None:
             torch.set_num_threads(config.threads)
-        checkpoint = latest_checkpoint(self.run_dir) if resume else None
+        checkpoint = newest_usable(self.run_dir, self._warn) if resume else None
         if resume and checkpoint is None:
             raise TrainingError(f"--resume: no checkpoint in {self.run_dir / 'checkpoints'}")
+        if checkpoint is not None:
+            check_steps(config.steps, checkpoint_step(checkpoint))
 
         random.seed(config.seed)
         torch.manual_seed(config.seed)
@@ -105,7 +119,14 @@ class Trainer:
         # with LoRA the reference is the same weights with the adapter disabled: no copy
         if config.reward.kappa > 0 and not is_peft_model(self.policy.model):
             self.policy.freeze_reference()  # the base weights, before any update or resume
-        self.scorer = PrefixScorer(self.task, self.policy, config.reward.reward_scale)
+        self.rewards = RewardCaller(
+            self.task,
+            workers=config.reward.workers,
+            name=getattr(config.task_options(), "reward", None),
+            max_failed_steps=config.reward.max_failed_steps,
+            warn=self._warn,
+        )
+        self.scorer = PrefixScorer(self.task, self.policy, config.reward.reward_scale, self.rewards)
         self.log_z = torch.nn.Parameter(torch.tensor(config.optim.log_z_init, dtype=torch.float32))
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
@@ -134,6 +155,7 @@ class Trainer:
         self.nonfinite_total = 0
         self.correct_seen: set[str] = set()
         self._stop_requested = False
+        self._stop_signal: int | None = None
         if checkpoint is not None:
             self._load_checkpoint(checkpoint)
 
@@ -257,20 +279,31 @@ class Trainer:
 
     def train(self, stop_at: int | None = None) -> TrainResult:
         """Run until ``cfg.steps`` (or ``stop_at``) optimizer steps; checkpoint every
-        ``checkpoint_every`` steps, at the end, and after the step in progress on Ctrl-C."""
+        ``checkpoint_every`` steps, at the end, and after the step in progress on Ctrl-C or
+        SIGTERM. The log is first cut back to the step the run starts from (app.run_log)."""
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.run_dir / "config.toml")
+        cut_log(self.run_dir, self.step)
         end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
-        previous = signal.getsignal(signal.SIGINT)
-        if previous is signal.default_int_handler:
-            signal.signal(signal.SIGINT, self._on_interrupt)
+        # only signals nobody else handles: an embedding application keeps its own handlers
+        previous = {
+            signum: handler
+            for signum, handler in (
+                (signal.SIGINT, signal.getsignal(signal.SIGINT)),
+                (signal.SIGTERM, signal.getsignal(signal.SIGTERM)),
+            )
+            if handler in (signal.default_int_handler, signal.SIG_DFL)
+        }
+        for signum in previous:
+            signal.signal(signum, self._on_interrupt)
         checkpoint = latest_checkpoint(self.run_dir) if self.step else None
         try:
-            with self._progress() as bar, (self.run_dir / "metrics.jsonl").open("a") as log:
+            with self._progress() as bar, log_path(self.run_dir).open("a") as log:
                 task_id = bar.add_task("train", total=cfg.steps, completed=self.step, **_fields())
                 while self.step < end and not self._stop_requested:
                     record = self._optimizer_step()
+                    reward_counts = self.rewards.take_counts(self.step + 1)
                     if record is None:
                         self.nonfinite_in_row += 1
                         self.nonfinite_total += 1
@@ -283,6 +316,7 @@ class Trainer:
                         continue
                     self.nonfinite_in_row = 0
                     self.step += 1
+                    record.update(reward_counts)
                     log.write(json.dumps(record) + "\n")
                     log.flush()
                     bar.update(task_id, completed=self.step, **_fields(record))
@@ -291,15 +325,29 @@ class Trainer:
             if self._stop_requested and (checkpoint is None or self.step % cfg.checkpoint_every):
                 checkpoint = self.save_checkpoint()
         finally:
-            if previous is signal.default_int_handler:
-                signal.signal(signal.SIGINT, previous)
-        return TrainResult(self.run_dir, self.step, self._stop_requested, checkpoint)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            self.rewards.close()
+            for line in self.rewards.summary_lines():
+                self._warn(line)
+        return TrainResult(
+            self.run_dir, self.step, self._stop_requested, checkpoint, self._stop_signal
+        )
 
     def _on_interrupt(self, signum: int, frame: Any) -> None:
-        # First Ctrl-C: finish the step in progress, checkpoint, stop. A second one aborts.
+        # First Ctrl-C or SIGTERM (preemption, docker stop): finish the step in progress,
+        # checkpoint, stop. A second one aborts, with the signal's default action.
         self._stop_requested = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        self.console.print("[yellow]interrupt: finishing this step and checkpointing...[/]")
+        self._stop_signal = signum
+        default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+        signal.signal(signum, default)
+        name = signal.Signals(signum).name
+        self.console.print(f"[yellow]{name}: finishing this step and checkpointing...[/]")
+
+    def _warn(self, line: str) -> None:
+        self.console.print(
+            f"warning: {line}", style="yellow", markup=False, highlight=False, soft_wrap=True
+        )
 
     def _progress(self) -> Progress:
         return Progress(

@@ -2,10 +2,15 @@
 
 Each flag's help text and shown default come from its ``TrainConfig`` field (app.config_reference),
 so they are written once, in the configuration.
+
+Exit codes: 0 done (or stopped by a first Ctrl-C, checkpointed), 2 a one-line error in the
+user's inputs (app.errors), ``EXIT_TERMINATED`` = 143 (128 + SIGTERM) when SIGTERM stopped the
+run after checkpointing (preemption: resume with ``--resume``).
 """
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,12 +18,19 @@ import typer
 from rich.console import Console
 
 from raptb.adapters.registry import task_names, task_spec
-from raptb.app.checkpoint import latest_checkpoint
+from raptb.app.checkpoint import list_checkpoints, remove_stale_temporaries
 from raptb.app.config import ConfigError, build_config
 from raptb.app.config_reference import default_text, field_at
+from raptb.app.resume import CONFIG_FILE, claim_new_run, resumed_config
+from raptb.app.run_lock import RunLocked, run_lock
 from raptb.app.train import Trainer, TrainingError
 
 _err = Console(stderr=True)
+EXIT_TERMINATED = 128 + signal.SIGTERM
+
+
+def _warn(line: str) -> None:
+    _err.print(f"warning: {line}", style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 
 def _fail(message: str) -> typer.Exit:
@@ -60,6 +72,9 @@ def train_command(
     resume: Annotated[
         bool, typer.Option(help="Continue the run in --out from its latest checkpoint.")
     ] = False,
+    overwrite: Annotated[
+        bool, typer.Option(help="Delete what --out holds and start a new run there.")
+    ] = False,
     reward: Annotated[str | None, _flag("custom.reward")] = None,
     lr: Annotated[float | None, _flag("optim.lr")] = None,
     log_z_lr: Annotated[float | None, _flag("optim.log_z_lr")] = None,
@@ -89,6 +104,8 @@ def train_command(
         "lora.rank": lora_rank,
         "smiles.scaffolds": scaffolds,
     }
+    if resume and overwrite:
+        raise _fail("--resume and --overwrite exclude each other")
     if resume:
         if out is None:
             raise _fail("--resume needs --out RUN_DIR")
@@ -101,14 +118,25 @@ def train_command(
     except ConfigError as exc:
         raise _fail(str(exc)) from None
     run_dir = out or Path("runs") / f"{cfg.task}-{cfg.loss}-{cfg.replay.kind}-s{cfg.seed}"
-    if not resume and latest_checkpoint(run_dir) is not None:
-        raise _fail(f"{run_dir} already holds a run; pass --resume to continue or another --out")
     try:
-        trainer = Trainer(cfg, run_dir, resume=resume, progress=progress)
-        result = trainer.train()
-    except (TrainingError, ValueError) as exc:
+        with run_lock(run_dir, _warn):
+            remove_stale_temporaries(run_dir)
+            if resume and (run_dir / CONFIG_FILE).is_file():
+                cfg = resumed_config(run_dir, cfg)
+                if not list_checkpoints(run_dir):
+                    # e.g. preempted before the first checkpoint: the same run from its start
+                    _warn(f"{run_dir} has no checkpoint yet; training from step 0")
+                    resume = False
+            else:
+                cfg = claim_new_run(run_dir, cfg, overwrite=overwrite)
+                resume = False
+            trainer = Trainer(cfg, run_dir, resume=resume, progress=progress)
+            result = trainer.train()
+    except (TrainingError, ValueError, RunLocked) as exc:
         raise _fail(str(exc)) from None
     state = "interrupted" if result.interrupted else "done"
     _err.print(f"{state}: {result.step}/{cfg.steps} steps; run directory {result.run_dir}")
     if result.interrupted:
         _err.print(f"continue with: raptb train --resume --out {result.run_dir}")
+    if result.stop_signal == signal.SIGTERM:
+        raise typer.Exit(EXIT_TERMINATED)
