@@ -15,6 +15,9 @@ rewards u stored with them (the reward is not scheduled, so they are exact); whe
 reference term kappa log P_ref is recomputed from the frozen reference model for every batch.
 
 logZ is a float32 scalar in its own AdamW parameter group with its own learning rate.
+
+Launched on several processes (``accelerate launch -m raptb train``), each rank trains on its
+share of every micro-batch; app.distributed states the rules and supplies the hooks used here.
 """
 
 from __future__ import annotations
@@ -37,6 +40,16 @@ from raptb.adapters.expr24 import enumerate_solutions
 from raptb.adapters.lora import is_peft_model, load_adapter_weights
 from raptb.app.checkpoint import latest_checkpoint, read_state, save_atomically, write_state
 from raptb.app.config import TrainConfig, save_config
+from raptb.app.distributed import (
+    DistContext,
+    RankSlice,
+    combine_micro_batch,
+    gather_items,
+    per_rank_batch,
+    rank_rng_state,
+    restore_rank_rng,
+    sampling_seed,
+)
 from raptb.app.runtime import PrefixScorer, build_policy, build_task
 from raptb.app.step import (
     Mix,
@@ -85,8 +98,11 @@ class Trainer:
         resume: bool = False,
         progress: bool = True,
         console: Console | None = None,
+        dist: DistContext | None = None,
     ) -> None:
         self.cfg = config
+        self.dist = DistContext.from_accelerate() if dist is None else dist
+        self.rank_batch = per_rank_batch(config.optim.batch_size, self.dist.world_size)
         self.run_dir = Path(run_dir)
         self.console = console or Console(stderr=True)
         self.show_progress = progress
@@ -99,7 +115,9 @@ class Trainer:
         random.seed(config.seed)
         torch.manual_seed(config.seed)
         self.task = build_task(config)
-        self.policy = build_policy(config.model, self.task, config.seed, lora=config.lora)
+        self.policy = build_policy(
+            config.model, self.task, config.seed, lora=config.lora, device=self.dist.device
+        )
         # with LoRA the reference is the same weights with the adapter disabled: no copy
         if config.reward.kappa > 0 and not is_peft_model(self.policy.model):
             self.policy.freeze_reference()  # the base weights, before any update or resume
@@ -124,9 +142,15 @@ class Trainer:
         self.temp_hi = LinearSchedule(*config.sampling.temp_hi, horizon)
         self.buffer = self._build_buffer()
         self.oracle = self.buffer if config.replay.kind == "oracle" else None
+        self.draws = None if self.buffer is None else RankSlice(self.buffer, self.dist)
 
+        # shared by all ranks: the behaviour mix and replay draws (split by RankSlice)
         self.rng = np.random.default_rng(config.seed)
-        self.generator = torch.Generator(device=self.policy.device).manual_seed(config.seed)
+        # per rank: rollouts and dropout; rank 0 keeps the single-process streams
+        self.sampling_seed = sampling_seed(config.seed, self.dist.rank)
+        if self.dist.rank:
+            torch.manual_seed(self.sampling_seed)
+        self.generator = torch.Generator(device=self.policy.device).manual_seed(self.sampling_seed)
         self.step = 0
         self.nonfinite_in_row = 0
         self.nonfinite_total = 0
@@ -180,36 +204,38 @@ class Trainer:
         )
 
     def _micro_batch(self, prompt: str) -> _MicroStats | None:
-        """The four stages of app.step on one micro-batch; None when its loss is not finite."""
+        """The four stages of app.step on this rank's share of one micro-batch, its statistics
+        over all ranks; None when the loss is not finite on some rank."""
         cfg = self.cfg
         batch = collect(
             self.policy,
             self.task,
             prompt,
-            cfg.optim.batch_size,
+            self.rank_batch,
             self._mix(),
-            buffer=self.buffer,
-            oracle=self.oracle,
+            buffer=self.draws,
+            oracle=None if self.oracle is None else self.draws,
             rng=self.rng,
             generator=self.generator,
         )
         rewards = reward(self.scorer, self.policy, batch, cfg.reward.kappa)
         correct = correct_texts(self.task, batch, rewards)
-        self.correct_seen.update(correct)
         result = loss_step(
             self.policy, self.objective, self.log_z, batch, rewards, self.step, cfg.optim.grad_accum
         )
-        if result is None:
-            return None
+        totals = combine_micro_batch(self.dist, result, correct, len(batch.on_policy))
+        self.correct_seen.update(totals.correct)
+        if not totals.finite:
+            return None  # every rank skips the step together
         if self.buffer is not None and self.oracle is None:
-            items = new_items(self.task, batch, rewards)
+            items = gather_items(self.dist, new_items(self.task, batch, rewards))
             if items:
                 self.buffer.add(items)
         return _MicroStats(
-            loss=result.loss,
-            diagnostics=result.diagnostics,
-            on_policy=len(batch.on_policy),
-            hits=len(correct),
+            loss=totals.loss,
+            diagnostics=totals.diagnostics,
+            on_policy=totals.on_policy,
+            hits=len(totals.correct),
             replayed=batch.replayed,
             temperature=batch.temperature,
         )
@@ -230,8 +256,9 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 return None
             stats.append(result)
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        self.dist.average_gradients(params)  # logZ's gradient too: it is in the param groups
         if cfg.optim.clip is not None:
-            params = [p for group in self.optimizer.param_groups for p in group["params"]]
             torch.nn.utils.clip_grad_norm_(params, cfg.optim.clip)
         self.optimizer.step()
         on_policy = sum(s.on_policy for s in stats)
@@ -258,7 +285,8 @@ class Trainer:
         ``checkpoint_every`` steps, at the end, and after the step in progress on Ctrl-C."""
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, self.run_dir / "config.toml")
+        if self.dist.is_main:
+            save_config(cfg, self.run_dir / "config.toml")
         end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
         previous = signal.getsignal(signal.SIGINT)
         if previous is signal.default_int_handler:
@@ -267,7 +295,7 @@ class Trainer:
         try:
             with self._progress() as bar, (self.run_dir / "metrics.jsonl").open("a") as log:
                 task_id = bar.add_task("train", total=cfg.steps, completed=self.step, **_fields())
-                while self.step < end and not self._stop_requested:
+                while self.step < end and not self.dist.any_true(self._stop_requested):
                     record = self._optimizer_step()
                     if record is None:
                         self.nonfinite_in_row += 1
@@ -281,11 +309,13 @@ class Trainer:
                         continue
                     self.nonfinite_in_row = 0
                     self.step += 1
-                    log.write(json.dumps(record) + "\n")
-                    log.flush()
+                    if self.dist.is_main:
+                        log.write(json.dumps(record) + "\n")
+                        log.flush()
                     bar.update(task_id, completed=self.step, **_fields(record))
                     if self.step % cfg.checkpoint_every == 0 or self.step == end:
                         checkpoint = self.save_checkpoint()
+            self._stop_requested = self.dist.any_true(self._stop_requested)
             if self._stop_requested and (checkpoint is None or self.step % cfg.checkpoint_every):
                 checkpoint = self.save_checkpoint()
         finally:
@@ -309,13 +339,16 @@ class Trainer:
             ),
             TimeRemainingColumn(),
             console=self.console,
-            disable=not self.show_progress,
+            disable=not (self.show_progress and self.dist.is_main),
             transient=False,
         )
 
     # --- checkpoints ---------------------------------------------------------------------------
 
     def save_checkpoint(self) -> Path:
+        """Rank 0 writes the checkpoint, with every rank's RNG streams; all ranks return it."""
+        ranks_rng = self.dist.all_gather_object(rank_rng_state(self.generator))
+
         def write(folder: Path) -> None:
             model_dir = folder / "model"
             self.policy.model.save_pretrained(model_dir, safe_serialization=True)
@@ -324,12 +357,10 @@ class Trainer:
                 {
                     "optimizer": self.optimizer.state_dict(),
                     "log_z": self.log_z.detach().clone(),
-                    "torch_rng": torch.get_rng_state(),
-                    "generator": self.generator.get_state(),
+                    "ranks_rng": ranks_rng,
                 },
                 folder / "trainer.pt",
             )
-            py_state = random.getstate()
             write_state(
                 folder,
                 {
@@ -338,12 +369,14 @@ class Trainer:
                     "nonfinite_total": self.nonfinite_total,
                     "correct_seen": sorted(self.correct_seen),
                     "numpy_rng": self.rng.bit_generator.state,
-                    "python_rng": [py_state[0], list(py_state[1]), py_state[2]],
                     "buffer": None if self.buffer is None else self.buffer.state_dict(),
                 },
             )
 
-        return save_atomically(self.run_dir, self.step, write, self.cfg.keep_checkpoints)
+        written = None
+        if self.dist.is_main:
+            written = save_atomically(self.run_dir, self.step, write, self.cfg.keep_checkpoints)
+        return self.dist.broadcast_object(written)  # also holds the others until it exists
 
     def _load_checkpoint(self, folder: Path) -> None:
         if is_peft_model(self.policy.model):
@@ -355,16 +388,15 @@ class Trainer:
         with torch.no_grad():
             self.log_z.copy_(saved["log_z"])
         self.optimizer.load_state_dict(saved["optimizer"])
-        torch.set_rng_state(saved["torch_rng"])
-        self.generator.set_state(saved["generator"])
         state = read_state(folder)
         self.step = int(state["step"])
+        restore_rank_rng(
+            self.dist, saved["ranks_rng"], self.generator, seed=self.cfg.seed, step=self.step
+        )
         self.nonfinite_in_row = int(state["nonfinite_in_row"])
         self.nonfinite_total = int(state["nonfinite_total"])
         self.correct_seen = set(state["correct_seen"])
         self.rng.bit_generator.state = state["numpy_rng"]
-        version, internal, gauss = state["python_rng"]
-        random.setstate((version, tuple(internal), gauss))
         if self.buffer is not None and self.oracle is None and state["buffer"] is not None:
             self.buffer.load_state_dict(state["buffer"])
 
