@@ -31,12 +31,8 @@ import numpy as np
 import typer
 
 from raptb.app.plots import plot_subm_scaling
-from raptb.core.similarity import (
-    ShingleJaccardSimilarity,
-    SimilarityCache,
-    TanimotoSimilarity,
-    pack_bits,
-)
+from raptb.core.similarity import ShingleJaccardSimilarity, TanimotoSimilarity, pack_bits
+from raptb.core.similarity_cache import SimilarityCache
 from raptb.core.subm import QuantisedSimilarity, subm_select
 
 

@@ -1,15 +1,23 @@
 """The ``raptb`` command line (Typer).
 
 Each command lives in the module that implements its use case; this module only wires them.
+Help texts are plain text (no rich markup), so that brackets such as ``[custom]`` print as
+written.
 """
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
+from raptb import __version__
 from raptb.app.bench import subm as bench_subm
+from raptb.app.config_reference import config_command
 from raptb.app.enumerate import enumerate_command
+from raptb.app.errors import run_cli
 from raptb.app.evaluate import eval_command
+from raptb.app.study.command import study_command
 from raptb.app.train_command import train_command
 
 app = typer.Typer(
@@ -17,13 +25,36 @@ app = typer.Typer(
     help="Fine-tune language models as GFlowNets (RapTB objective, SubM replay).",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,
 )
-bench_app = typer.Typer(help="Micro-benchmarks of the hot paths.", no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Micro-benchmarks of the hot paths.", no_args_is_help=True, rich_markup_mode=None
+)
 app.add_typer(bench_app, name="bench")
 bench_app.command("subm")(bench_subm)
 app.command("train")(train_command)
 app.command("enumerate")(enumerate_command)
 app.command("eval")(eval_command)
+app.command("study")(study_command)
+app.command("config")(config_command)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"raptb {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Fine-tune language models as GFlowNets (RapTB objective, SubM replay)."""
 
 
 def main() -> None:
@@ -32,4 +63,4 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    app()
+    run_cli(app)

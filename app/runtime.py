@@ -21,55 +21,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from raptb.adapters.custom import CustomTask
-from raptb.adapters.expr24 import Expr24Task
 from raptb.adapters.lora import apply_lora, load_adapter_weights, preferred_dtype
 from raptb.adapters.models import load_model_and_tokenizer
 from raptb.adapters.policy import HFPolicy, default_grammar_threads
-from raptb.adapters.smiles import DEFAULT_SCAFFOLD, SmilesTask, read_scaffolds
+from raptb.adapters.registry import task_spec
 from raptb.adapters.tokens import legal_token_ids, stop_token_id
 from raptb.app.config import LoraConfig, TrainConfig
+from raptb.app.reward_calls import RewardCaller
 from raptb.core.ports import Score, Task
 
-TASKS = ("expr24", "smiles", "custom")
 _log = logging.getLogger(__name__)
 
 
 def build_task(config: TrainConfig) -> Task:
-    """The run's task: ``config.task`` with its options (``config.smiles``, ``config.custom``)."""
-    name = config.task
-    if name == "expr24":
-        return Expr24Task()
-    if name == "smiles":
-        options = config.smiles
-        scaffolds = (
-            [DEFAULT_SCAFFOLD] if options.scaffolds is None else read_scaffolds(options.scaffolds)
-        )
-        return SmilesTask(
-            scaffolds,
-            min_length=options.min_length,
-            max_length=options.max_length,
-            ring_closures=options.ring_closures,
-        )
-    if name == "custom":
-        custom = config.custom
-        assert custom.reward is not None  # TrainConfig validates this
-        return CustomTask.from_paths(
-            custom.reward,
-            alphabet=custom.alphabet,
-            grammar_file=custom.grammar_file,
-            min_length=custom.min_length,
-            max_length=custom.max_length,
-            prompts=custom.prompts,
-        )
-    raise ValueError(f"task: unknown task {name!r}; valid choices: {', '.join(TASKS)}")
-
-
-def is_success(task: Task, score: Score) -> bool:
-    """What counts as a hit for Acc (metrics.md): Expr24 equals 24, other tasks a valid text."""
-    if task.name == "expr24":
-        return score.valid and score.value == 1.0
-    return score.valid
+    """The run's task: ``config.task`` built by its registered spec from its options."""
+    return task_spec(config.task).build(config.task_options())
 
 
 def build_policy(
@@ -161,12 +127,21 @@ class PrefixScorer:
     """Scores every prefix of generated token sequences with the task, through one bounded cache.
 
     The cache holds ``task.score_cache_size`` entries when the task declares it (Expr24), else
-    :data:`DEFAULT_SCORE_CACHE_SIZE`. :meth:`score_many` is the only caller of ``task.score``.
+    :data:`DEFAULT_SCORE_CACHE_SIZE`. :meth:`score_many` is the only caller of the reward.
+    Rewards are computed through ``rewards`` (default: serial, no warnings), which counts failed
+    and non-finite rewards and may score the uncached prefixes of a batch in a worker pool.
     """
 
-    def __init__(self, task: Task, policy: HFPolicy, reward_scale: float) -> None:
+    def __init__(
+        self,
+        task: Task,
+        policy: HFPolicy,
+        reward_scale: float,
+        rewards: RewardCaller | None = None,
+    ) -> None:
         self.task = task
         self.reward_scale = float(reward_scale)
+        self.rewards = rewards or RewardCaller(task)
         self._text_of = dict(zip(policy.legal_ids, policy.texts, strict=True))
         self.cache = ScoreCache(getattr(task, "score_cache_size", DEFAULT_SCORE_CACHE_SIZE))
 
@@ -179,22 +154,9 @@ class PrefixScorer:
         return [text[:end] for end in ends]
 
     def score_many(self, prompt: str, texts: Sequence[str]) -> list[Score]:
-        """Task scores of ``texts`` for ``prompt``, uncached, in order; a text whose score raises
-        counts as invalid (logged)."""
-        scores = []
-        for text in texts:
-            try:
-                scores.append(self.task.score(prompt, text))
-            except Exception as exc:  # a reward that raises marks the sample invalid
-                _log.warning(
-                    "task %s: score(%r) raised %s: %s; the sample counts as invalid",
-                    self.task.name,
-                    text,
-                    type(exc).__name__,
-                    exc,
-                )
-                scores.append(Score(0.0, False))
-        return scores
+        """Task scores of ``texts`` for ``prompt``, uncached, in order, through the reward caller
+        (a text whose reward raises or is not finite counts as invalid, and is counted)."""
+        return self.rewards.score_many(prompt, texts)
 
     def scores(self, prompt: str, texts: Iterable[str]) -> dict[str, Score]:
         """Score of each distinct text: cached ones from the cache, the rest by one

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from raptb.adapters.policy import HFPolicy, RolloutTimings, to_prefix_batch
-from raptb.app.runtime import PrefixScorer, ScoredRows, is_success, pad_rows, reference_log_prob
+from raptb.adapters.registry import task_spec
+from raptb.app.runtime import PrefixScorer, ScoredRows, pad_rows, reference_log_prob
 from raptb.core.objectives import Objective
 from raptb.core.ports import Score, Task
 from raptb.core.replay import ReplayBuffer, ReplayItem
@@ -248,7 +249,8 @@ def correct_texts(task: Task, batch: Trajectories, rewards: Rewards) -> list[str
     repeats)."""
     if rewards.scores is None:
         return []
-    return [batch.texts[b] for b in batch.on_policy if is_success(task, rewards.scores[b])]
+    is_correct = task_spec(task.name).is_correct
+    return [batch.texts[b] for b in batch.on_policy if is_correct(rewards.scores[b])]
 
 
 # --- loss --------------------------------------------------------------------------------------

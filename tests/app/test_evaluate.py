@@ -201,8 +201,9 @@ def test_bad_run_dirs_raise_clear_errors(
         (run_dir / "config.toml").unlink()
     elif change == "no-checkpoint":
         shutil.rmtree(run_dir / "checkpoints")
-    elif change == "no-model":
-        shutil.rmtree(run_dir / "checkpoints" / LATEST / "model")
+    elif change == "no-model":  # in every checkpoint: a bad newest one falls back to an older
+        for name in (LATEST, OLDER):
+            shutil.rmtree(run_dir / "checkpoints" / name / "model")
     with pytest.raises(EvalError, match=re.escape(message)):
         evaluate(run_dir, progress=False, **kwargs)
     assert not (run_dir / "eval").exists()

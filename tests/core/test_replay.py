@@ -20,6 +20,27 @@ from raptb.core.replay import (
 from raptb.core.similarity import ShingleJaccardSimilarity, edit_distance, pack_bits
 from raptb.core.subm import subm_select
 
+# The paper's SubM columns (the task specs of the adapters hold the same values).
+EXPR24_SUBM = {
+    "w_rew": 1.0,
+    "w_val": 1.0,
+    "w_div": 1.0,
+    "w_len": 0.0,
+    "gating_ratio": 1.0,
+    "similarity": "jaccard",
+    "shingle_k": 2,
+    "shingle_on": "text",
+}
+SMILES_SUBM = {
+    "w_rew": 1.0,
+    "w_val": 1.0,
+    "w_div": 1.0,
+    "w_len": 1.0,
+    "gating_ratio": 0.0,
+    "similarity": "tanimoto",
+    "length_bin_size": 1,
+}
+
 
 def item(tokens, r: float, prompt: str = "p", valid: bool = True, text=None, **kw) -> ReplayItem:
     tokens = tuple(tokens)
@@ -170,7 +191,7 @@ def _expr_items(rng, n, prompt="p"):
 @pytest.mark.parametrize("diversity", ["facility", "dispersion"])
 def test_subm_refresh_equals_direct_selection_on_deduplicated_ground_set(diversity):
     rng = np.random.default_rng(1)
-    buf = make_buffer("subm", task="expr24", capacity=15, diversity=diversity)
+    buf = make_buffer("subm", **EXPR24_SUBM, capacity=15, diversity=diversity)
     first = _expr_items(rng, 30)
     buf.add(first)
     assert 0 < len(buf) <= 15
@@ -198,7 +219,7 @@ def test_subm_refresh_equals_direct_selection_on_deduplicated_ground_set(diversi
     assert [it.text for it in buf.items()] == [cand[i].text for i in want]
     assert buf.config()["diversity"] == diversity
     with pytest.raises(ValueError, match="diversity"):
-        make_buffer("subm", task="expr24", diversity="coverage")
+        make_buffer("subm", **EXPR24_SUBM, diversity="coverage")
 
 
 def test_subm_smiles_preset_uses_fingerprints_and_dedups_canonical():
@@ -208,7 +229,7 @@ def test_subm_smiles_preset_uses_fingerprints_and_dedups_canonical():
         item([i, i + 1], 0.0, canonical=f"C{i % 10}", features=fps[i], valid=i != 3)
         for i in range(12)
     ]
-    buf = make_buffer("subm", task="smiles", capacity=200)
+    buf = make_buffer("subm", **SMILES_SUBM, capacity=200)
     assert isinstance(buf, SubmodularBuffer) and buf.w_len == 1.0 and buf.gating_ratio == 0.0
     buf.add(items)
     keys = [it.key for it in buf.items()]
@@ -241,8 +262,8 @@ def test_oracle_draws_uniformly_from_given_items():
     [
         ("rp", {}),
         ("prt", {}),
-        ("subm", {"task": "expr24", "capacity": 20}),
-        ("subm", {"task": "smiles", "capacity": 20}),
+        ("subm", {**EXPR24_SUBM, "capacity": 20}),
+        ("subm", {**SMILES_SUBM, "capacity": 20}),
         ("oracle", {}),
     ],
 )
@@ -275,8 +296,6 @@ def test_state_dict_roundtrip_restores_identical_sampling(kind, kwargs):
 def test_factory_and_constructor_errors():
     with pytest.raises(ValueError, match="kind"):
         make_buffer("fifo")
-    with pytest.raises(ValueError, match="task"):
-        make_buffer("subm", task="chess")
     with pytest.raises(ValueError, match="capacity"):
         make_buffer("rp", capacity=0)
     with pytest.raises(ValueError, match="alpha"):

@@ -9,10 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import raptb.core.similarity as similarity_module
+import raptb.core.similarity_cache as similarity_cache_module
 from raptb.core.similarity import (
     ShingleJaccardSimilarity,
-    SimilarityCache,
     TanimotoSimilarity,
     edit_distance,
     edit_distances,
@@ -21,6 +20,7 @@ from raptb.core.similarity import (
     shingle_ids,
     tanimoto_matrix,
 )
+from raptb.core.similarity_cache import SimilarityCache
 from raptb.core.subm import QuantisedSimilarity
 
 
@@ -167,7 +167,7 @@ def test_quantised_cache_equals_rounded_recomputation(seed, rounds, jaccard, chu
     # Keys come and go in random order across refreshes; every refresh must equal rounding the
     # full recomputed matrix (values and row sums) while computing only new x all pairs, also
     # when the new x all block is asked for in row chunks (chunk = float32 elements per call).
-    with mock.patch.object(similarity_module, "_BLOCK_ELEMENTS", chunk):
+    with mock.patch.object(similarity_cache_module, "_BLOCK_ELEMENTS", chunk):
         _check_quantised_cache(seed, rounds, jaccard)
 
 

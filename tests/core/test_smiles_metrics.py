@@ -21,6 +21,7 @@ def _sample(tokens: str, valid: bool, score: float, canonical: str | None) -> di
     return {
         "tokens": list(tokens),
         "valid": valid,
+        "correct": valid,  # SMILES succeeds exactly on a valid molecule
         "score": score,
         "log_pterm_stop": -1.0,
         "text": tokens,
@@ -62,5 +63,6 @@ def test_smiles_metrics_checks_shapes() -> None:
     with pytest.raises(ValueError, match="fingerprints"):
         smiles_metrics([_sample("C", True, 0.1, "C")], np.zeros((2, 2), np.uint64), max_depth=2)
     with pytest.raises(ValueError, match="canonical"):
-        smiles_metrics([{"tokens": ["C"], "valid": True, "score": 0.1, "log_pterm_stop": 0.0,
-                         "text": "C"}], np.zeros((1, 2), np.uint64), max_depth=2)  # fmt: skip
+        smiles_metrics([{"tokens": ["C"], "valid": True, "correct": True, "score": 0.1,
+                         "log_pterm_stop": 0.0, "text": "C"}],
+                       np.zeros((1, 2), np.uint64), max_depth=2)  # fmt: skip

@@ -1,0 +1,125 @@
+"""The task registry: everything raptb knows about a task, in one ``TaskSpec`` per task.
+
+Each task's adapter module declares its spec and calls :func:`register_task` at import; the app
+reads every task-dependent choice from the spec (the CLI's ``--task`` choices, the task's config
+section and presets, the SubM preset, the success predicate, evaluation metrics and plots,
+``raptb enumerate``). Adding a task is one module that defines a ``TaskSpec`` and registers it.
+
+The built-in tasks are imported lazily, on the first lookup, because their modules import this
+one to register themselves (and some of them import heavy libraries such as RDKit).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from raptb.core.ports import Score, Task
+
+# Modules that register the shipped tasks, in the order ``--task`` lists them.
+BUILTIN_TASK_MODULES = ("raptb.adapters.expr24", "raptb.adapters.smiles", "raptb.adapters.custom")
+
+
+class TaskOptions(BaseModel):
+    """Base of a task's config section ``[<task name>]``: frozen, unknown keys rejected."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NoOptions(TaskOptions):
+    """The section of a task that takes no options."""
+
+
+def valid_only(score: Score) -> bool:
+    """The default success predicate: the task called the text valid."""
+    return score.valid
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task, declared once.
+
+    Attributes:
+        name: the ``--task`` value and the name of the config section ``[name]``.
+        build: the task (a :class:`raptb.core.ports.Task`) from its validated options.
+        metrics: evaluation metrics of sample rows (dicts with tokens, text, valid, correct,
+            score, log_pterm_stop, prompt), JSON-ready; it may add per-row fields, which then
+            reach samples.jsonl.
+        headline: keys of the metrics that ``raptb eval`` prints.
+        subm: keyword arguments of ``make_buffer("subm", ...)`` (the paper's SubM column for the
+            task, similarity included).
+        options: the config section's model (a :class:`TaskOptions`); ``NoOptions`` when none.
+        required: option names the task cannot run without (checked when it is the run's task).
+        is_correct: success predicate on a terminal score (Acc counts these samples).
+        defaults: config values the task changes under the file and the flags (the paper's column
+            for the task), as a nested mapping such as ``{"reward": {"kappa": 1.0}}``; the field
+            defaults of ``TrainConfig`` are the Expr24 column.
+        eval_samples: evaluation samples N when the run does not set ``eval_samples``.
+        solutions: for an enumerable task, its exact solution set Y* (texts) for a built task;
+            used by Oracle replay and ``raptb enumerate``. None: not enumerable.
+        length_table: columns of the metrics' ``by_length`` table that ``raptb eval`` prints.
+        length_plots: ``(metric, title)`` pairs plotted against length from ``by_length``.
+        summary: one line for ``--help`` texts.
+    """
+
+    name: str
+    build: Callable[[Any], Task]
+    metrics: Callable[[Any, list[dict[str, Any]]], dict[str, Any]]
+    headline: Sequence[str]
+    subm: Mapping[str, Any]
+    options: type[TaskOptions] = NoOptions
+    required: Sequence[str] = ()
+    is_correct: Callable[[Score], bool] = valid_only
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    eval_samples: int = 6400
+    solutions: Callable[[Any], list[str]] | None = None
+    length_table: Sequence[str] = ()
+    length_plots: Sequence[tuple[str, str]] = ()
+    summary: str = ""
+
+    @property
+    def enumerable(self) -> bool:
+        """Whether the task's solution set can be enumerated exactly."""
+        return self.solutions is not None
+
+
+_SPECS: dict[str, TaskSpec] = {}
+_builtins_loaded = False
+
+
+def register_task(spec: TaskSpec) -> TaskSpec:
+    """Add ``spec`` to the registry and return it; a name may be registered only once."""
+    if not spec.name.isidentifier():
+        raise ValueError(f"task name must be an identifier (a config section), got {spec.name!r}")
+    known = _SPECS.get(spec.name)
+    if known is not None and known is not spec:
+        raise ValueError(f"task {spec.name!r} is already registered")
+    _SPECS[spec.name] = spec
+    return spec
+
+
+def _load_builtins() -> None:
+    global _builtins_loaded
+    if not _builtins_loaded:
+        _builtins_loaded = True
+        for module in BUILTIN_TASK_MODULES:
+            importlib.import_module(module)
+
+
+def task_names() -> tuple[str, ...]:
+    """Names of the registered tasks (built-in ones first, in registration order)."""
+    _load_builtins()
+    return tuple(_SPECS)
+
+
+def task_spec(name: str) -> TaskSpec:
+    """The spec of task ``name``; a ValueError lists the valid names when it is unknown."""
+    _load_builtins()
+    try:
+        return _SPECS[name]
+    except KeyError:
+        raise ValueError(f"unknown task {name!r}; valid choices: {', '.join(_SPECS)}") from None

@@ -1,0 +1,71 @@
+"""A study's charts: one PNG per plotted metric, a bar per table cell with 95% CI whiskers.
+
+Bars are the mean over seeds, whiskers the same t-interval as table.md, dots the seeds; bars
+share a colour per value of the table's first row key (e.g. per replay scheme).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from raptb.app.study.report import RunResult, cell_stats, value_label
+from raptb.app.study.spec import MetricSpec, StudySpec
+
+
+def plot_file(metric: MetricSpec) -> str:
+    """Chart file of a metric: ``log_pterm_by_length.9`` -> ``log_pterm_by_length_9.png``."""
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in metric.key) + ".png"
+
+
+def _cell_label(spec: StudySpec, keys: Sequence[str], values: Sequence[str]) -> str:
+    return "\n".join(value_label(spec, k, v) for k, v in zip(keys, values, strict=True))
+
+
+def plot_metric(
+    spec: StudySpec, results: Sequence[RunResult], metric: MetricSpec, path: Path
+) -> Path:
+    """Bar chart of ``metric`` over the study's cells, written to ``path``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    cells = cell_stats(spec, results)
+    keys = [*spec.table_rows, *spec.table.columns]
+    groups = list(dict.fromkeys(cell.row[:1] for cell in cells))
+    palette = [f"C{i % 10}" for i in range(len(groups))]
+    figure = Figure(figsize=(max(6.0, 0.75 * len(cells) + 1.5), 4.5), layout="constrained")
+    axes = figure.add_subplot()
+    positions = np.arange(len(cells))
+    for x, cell in zip(positions, cells, strict=True):
+        mean, half = cell.stats.get(metric.key, (math.nan, math.nan))
+        axes.bar(
+            x,
+            mean,
+            width=0.7,
+            color=palette[groups.index(cell.row[:1])],
+            alpha=0.75,
+            yerr=None if math.isnan(half) else half,
+            capsize=3,
+        )
+        seeds = [
+            r.values[metric.key]
+            for r in results
+            if (r.run.cell(spec.table_rows), r.run.cell(spec.table.columns))
+            == (cell.row, cell.column)
+            and metric.key in r.values
+        ]
+        axes.scatter([x] * len(seeds), seeds, s=10, color="black", zorder=3)
+    axes.set_xticks(
+        positions, [_cell_label(spec, keys, (*c.row, *c.column)) for c in cells], fontsize=7
+    )
+    axes.axhline(0.0, color="grey", linewidth=0.8)
+    axes.set_ylabel(metric.label)
+    axes.set_title(f"{spec.title or spec.name}: {metric.label}", fontsize=9)
+    axes.set_xlabel("bars: mean over seeds; whiskers: 95% CI; dots: seeds", fontsize=8)
+    axes.grid(axis="y", alpha=0.3)
+    FigureCanvasAgg(figure)
+    figure.savefig(path, format="png", dpi=110)
+    return path

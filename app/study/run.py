@@ -1,0 +1,231 @@
+"""Run a study's runs, ``workers`` at a time, each as ``raptb train`` then ``raptb eval`` children.
+
+Children keep a crash to their own run: a failed run is recorded with its reason and log, and
+the others go on. Each child gets ``threads = max(1, cores // workers)`` torch threads. The
+children's output goes to ``study-train.log`` / ``study-eval.log`` in the run directory, and
+``study.json`` records the wall time of training (summed over resumptions) and evaluation.
+
+Ctrl-C reaches the children too (same process group): training checkpoints and exits, no new
+run starts, and the next invocation picks up where this one stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from raptb.app.config import save_config
+from raptb.app.study.plan import PlannedRun
+from raptb.app.study.state import METRICS, RunState, latest_step, read_json
+
+PLANNED_CONFIG = "study-config.toml"
+RECORD = "study.json"
+# the ``raptb`` console script run with this interpreter; SIGINT's default handler is restored
+# because a study started in the background (``... &``) passes SIGINT on as ignored
+RAPTB = (
+    sys.executable,
+    "-c",
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'raptb'; from raptb.app.cli import main; main()",
+)
+
+
+@dataclass(frozen=True)
+class RunTask:
+    """A planned run, its directory, what it needs, and its evaluation settings."""
+
+    run: PlannedRun
+    run_dir: Path
+    state: RunState
+    samples: int
+    eval_seed: int
+
+
+@dataclass(frozen=True)
+class Failure:
+    name: str
+    reason: str
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on every platform
+        return os.cpu_count() or 1
+
+
+def threads_per_run(workers: int, cores: int | None = None) -> int:
+    return max(1, (cores or available_cores()) // workers)
+
+
+def train_args(task: RunTask, threads: int) -> list[str]:
+    """``raptb train`` arguments: continue from the checkpoint, or start from the planned config."""
+    if task.state.action == "resume":
+        head = ["train", "--resume", "--out", str(task.run_dir)]
+    else:
+        head = ["train", "--config", str(task.run_dir / PLANNED_CONFIG), "--out", str(task.run_dir)]
+    return [*head, "--threads", str(threads), "--no-progress"]
+
+
+def eval_args(task: RunTask) -> list[str]:
+    return [
+        "eval",
+        str(task.run_dir),
+        "--samples",
+        str(task.samples),
+        "--seed",
+        str(task.eval_seed),
+        "--json",
+    ]
+
+
+def _child_env(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        OPENBLAS_NUM_THREADS=str(threads),
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def _write_record(run_dir: Path, **seconds: float) -> None:
+    record = read_json(run_dir / RECORD) or {}
+    record.update(seconds)
+    tmp = run_dir / f".{RECORD}.tmp"
+    tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, run_dir / RECORD)
+
+
+class StudyRunner:
+    """Executes ``RunTask``s on a pool of ``workers`` threads, each driving child processes."""
+
+    def __init__(self, workers: int, console: Console, *, progress: bool = True) -> None:
+        self.workers = workers
+        self.threads = threads_per_run(workers)
+        self.console = console
+        self.progress = progress
+        self.stopping = threading.Event()
+        self.failures: list[Failure] = []
+        self._lock = threading.Lock()
+        self._phase: dict[str, str] = {}
+
+    def _child(self, task: RunTask, phase: str, args: list[str]) -> tuple[int, float]:
+        """Run one child to its end; its exit code and wall seconds."""
+        with self._lock:
+            self._phase[task.run.name] = phase
+        start = time.monotonic()
+        with (task.run_dir / f"study-{phase}.log").open("a", encoding="utf-8") as log:
+            log.write(f"\n# raptb {shlex.join(args)}\n")
+            log.flush()
+            code = subprocess.call(
+                [*RAPTB, *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=_child_env(self.threads),
+            )
+        return code, time.monotonic() - start
+
+    def execute_one(self, task: RunTask) -> Failure | None:
+        """Train (unless already trained) and evaluate one run; a Failure or None."""
+        run_dir, action = task.run_dir, task.state.action
+        if action in ("train", "restart"):
+            shutil.rmtree(run_dir, ignore_errors=True)
+            run_dir.mkdir(parents=True)
+            save_config(task.run.config, run_dir / PLANNED_CONFIG)
+            _write_record(run_dir, train_seconds=0.0)
+        if action in ("train", "restart", "resume"):
+            code, seconds = self._child(task, "train", train_args(task, self.threads))
+            previous = (read_json(run_dir / RECORD) or {}).get("train_seconds", 0.0)
+            _write_record(run_dir, train_seconds=previous + seconds)
+            log = run_dir / "study-train.log"
+            if self.stopping.is_set():
+                return None
+            if code != 0:
+                return Failure(task.run.name, f"train exited with {code}; see {log}")
+            step = latest_step(run_dir)
+            if step != task.run.config.steps:
+                return Failure(task.run.name, f"training stopped at step {step}; see {log}")
+        code, seconds = self._child(task, "eval", eval_args(task))
+        _write_record(run_dir, eval_seconds=seconds)
+        if self.stopping.is_set():
+            return None
+        if code != 0 or read_json(run_dir / METRICS) is None:
+            log = run_dir / "study-eval.log"
+            return Failure(task.run.name, f"eval exited with {code}; see {log}")
+        return None
+
+    def _steps_done(self, task: RunTask) -> float:
+        """Fraction of a running run's work done: training steps logged, eval counted as 10%."""
+        if self._phase.get(task.run.name) == "eval":
+            return 0.9
+        try:
+            with (task.run_dir / "metrics.jsonl").open("rb") as handle:
+                lines = sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 16), b""))
+        except OSError:
+            return 0.0
+        return 0.9 * min(1.0, lines / task.run.config.steps)
+
+    def run(self, tasks: Sequence[RunTask], on_done: Callable[[RunTask, Failure | None], None]):
+        """Execute ``tasks``; ``on_done`` is called (in this thread) as each one ends."""
+        bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(bar_width=30),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[running]}"),
+            console=self.console,
+            disable=not self.progress,
+            refresh_per_second=2,
+        )
+        pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="study")
+        futures: dict[Future[Failure | None], RunTask] = {
+            pool.submit(self._guarded, task): task for task in tasks
+        }
+        finished = 0
+        try:
+            with bar:
+                overall = bar.add_task("runs", total=len(tasks), running="")
+                pending = set(futures)
+                while pending:
+                    done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        finished += 1
+                        failure = future.result()
+                        if failure is not None:
+                            self.failures.append(failure)
+                        on_done(futures[future], failure)
+                    running = [t for f, t in futures.items() if f.running()]
+                    partial = sum(self._steps_done(t) for t in running)
+                    names = ", ".join(t.run.name for t in running)
+                    bar.update(overall, completed=finished + partial, running=names)
+        except KeyboardInterrupt:
+            self.stopping.set()
+            self.console.print("interrupt: letting the children checkpoint, then stopping...")
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _guarded(self, task: RunTask) -> Failure | None:
+        if self.stopping.is_set():
+            return None
+        try:
+            return self.execute_one(task)
+        except OSError as exc:  # e.g. a full disk while writing the run's files
+            return Failure(task.run.name, f"{type(exc).__name__}: {exc}")

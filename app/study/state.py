@@ -1,0 +1,106 @@
+"""What a study run's directory still needs, read from the files ``raptb train``/``eval`` leave.
+
+    done      eval/metrics.json from the final checkpoint, with the study's N and eval seed
+    eval      trained to the final step; evaluate only
+    resume    a checkpoint before the final step and ``--resume``: continue training
+    restart   the same without ``--resume``: train from scratch (the directory is cleared)
+    train     no checkpoint yet: train from scratch (leftovers of a failed start are cleared)
+    conflict  the directory holds a run of another configuration; the study will not touch it
+
+A run counts as the study's when its saved config.toml equals the planned one up to ``threads``
+(the runner's choice, not the experiment's).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from raptb.app.checkpoint import PREFIX, latest_checkpoint
+from raptb.app.config import ConfigError, TrainConfig, build_config
+
+METRICS = Path("eval") / "metrics.json"
+
+
+@dataclass(frozen=True)
+class RunState:
+    action: str
+    step: int | None = None
+    reason: str = ""
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from ``path``, or None when missing, torn or not an object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def latest_step(run_dir: Path) -> int | None:
+    checkpoint = latest_checkpoint(run_dir)
+    return None if checkpoint is None else int(checkpoint.name[len(PREFIX) :])
+
+
+def _comparable(config: TrainConfig) -> dict[str, Any]:
+    return config.model_copy(update={"threads": None}).model_dump(mode="json")
+
+
+def config_difference(planned: TrainConfig, run_dir: Path) -> str | None:
+    """None when ``run_dir/config.toml`` is the planned config, else the first differing field."""
+    try:
+        saved = build_config(run_dir / "config.toml")
+    except ConfigError as exc:
+        return f"its config.toml is unreadable ({exc})"
+    want, have = _comparable(planned), _comparable(saved)
+    for path, value in _leaves(want):
+        found = _get(have, path)
+        if found != value:
+            return f"{path} = {found!r}, planned {value!r}"
+    return None
+
+
+def _leaves(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.extend(_leaves(value, f"{prefix}{key}."))
+        else:
+            out.append((f"{prefix}{key}", value))
+    return out
+
+
+def _get(data: dict[str, Any], path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(data, dict):
+            return None
+        data = data.get(part)
+    return data
+
+
+def run_state(
+    config: TrainConfig, run_dir: Path, samples: int, eval_seed: int, *, resume: bool
+) -> RunState:
+    """What ``run_dir`` needs to hold the evaluated run of ``config``."""
+    step = latest_step(run_dir)
+    if step is None:
+        return RunState("train")
+    difference = config_difference(config, run_dir)
+    if difference is not None:
+        return RunState("conflict", step, f"holds another run ({difference})")
+    if step > config.steps:
+        return RunState("conflict", step, f"has a checkpoint at step {step} > steps")
+    if step < config.steps:
+        return RunState("resume" if resume else "restart", step)
+    metrics = read_json(run_dir / METRICS)
+    evaluated = metrics is not None and metrics.get("eval", {}).get("step") == config.steps
+    if (
+        evaluated
+        and metrics.get("n_samples") == samples
+        and metrics.get("eval", {}).get("seed") == eval_seed
+    ):
+        return RunState("done", step)
+    return RunState("eval", step)

@@ -1,0 +1,59 @@
+"""raptb: fine-tune language models as GFlowNets (RapTB objective, SubM replay).
+
+The stable names are re-exported here and imported on first use (PEP 562), so that
+``import raptb.core...`` stays free of torch and the other frameworks:
+
+    from raptb import objective_by_name, PrefixBatch, subm_select, Trainer
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+# The subpackages live in core/, adapters/, app/ beside this folder and are mapped in at install.
+# From a source checkout with a regular (non-editable) install, this folder shadows the installed
+# package; extending the path lets ``raptb.core`` resolve to the installed one.
+__path__ = pkgutil.extend_path(__path__, __name__)
+
+try:
+    __version__ = version("raptb")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "PrefixBatch": "raptb.core.batch",
+    "objective_by_name": "raptb.core.objectives",
+    "objective_hyperparameters": "raptb.core.objectives",
+    "absorbed_targets": "raptb.core.targets",
+    "subm_select": "raptb.core.subm",
+    "make_buffer": "raptb.core.replay",
+    "ReplayItem": "raptb.core.replay",
+    "Score": "raptb.core.ports",
+    "Task": "raptb.core.ports",
+    "TaskSpec": "raptb.adapters.registry",
+    "register_task": "raptb.adapters.registry",
+    "task_spec": "raptb.adapters.registry",
+    "task_names": "raptb.adapters.registry",
+    "TrainConfig": "raptb.app.config",
+    "build_config": "raptb.app.config",
+    "Trainer": "raptb.app.train",
+    "evaluate": "raptb.app.evaluate",
+}
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'raptb' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

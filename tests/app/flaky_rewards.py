@@ -1,0 +1,37 @@
+"""Reward functions for the robustness tests, importable as ``tests.app.flaky_rewards:NAME``."""
+
+from __future__ import annotations
+
+import math
+import time
+
+
+def count_a(prompt: str, text: str) -> float:
+    return text.count("a") / 5.0
+
+
+def paced(prompt: str, text: str) -> float:
+    """``count_a`` slowed down so that a test can signal or kill a run between steps."""
+    time.sleep(0.004)
+    return count_a(prompt, text)
+
+
+def flaky(prompt: str, text: str) -> float:
+    """Raises KeyError on texts of length 1 and ValueError on length 2; NaN on length 3."""
+    if len(text) == 1:
+        raise KeyError(text)
+    if len(text) == 2:
+        raise ValueError(f"cannot score {text}")
+    if len(text) == 3:
+        return math.nan
+    return count_a(prompt, text)
+
+
+def always_raises(prompt: str, text: str) -> float:
+    raise RuntimeError("reward service unreachable")
+
+
+def slow(prompt: str, text: str) -> float:
+    """A 0.1 s reward, like a property predictor or a docking call."""
+    time.sleep(0.1)
+    return count_a(prompt, text)

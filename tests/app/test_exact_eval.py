@@ -1,0 +1,106 @@
+"""``raptb eval RUN --exact``: exact.json from a hand-built run, the comparison with a sampled
+evaluation of the same checkpoint, stale and non-enumerable cases, the CLI.
+
+References: ``exact_log_probs`` called directly on the checkpoint's model, metrics.json of the
+sampled evaluation, and the core metric functions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from raptb.adapters.exact import exact_log_probs
+from raptb.adapters.expr24 import Expr24Task, enumerate_solutions
+from raptb.adapters.models import load_model_and_tokenizer
+from raptb.app.cli import app
+from raptb.app.config import TrainConfig, save_config
+from raptb.app.evaluate import EvalError, evaluate
+from raptb.app.exact_eval import EXACT_FILE, exact_evaluate, exact_task_metrics
+from raptb.app.runtime import build_policy
+
+torch.set_num_threads(1)
+CHECKPOINT = "step-000004"
+N = 96
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A run with one checkpoint of the tiny model, evaluated by sampling (N draws) first."""
+    cache = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAPTB_CACHE_DIR", str(cache))
+        run = tmp_path_factory.mktemp("exact") / "run"
+        folder = run / "checkpoints" / CHECKPOINT / "model"
+        folder.mkdir(parents=True)
+        model, tokenizer = load_model_and_tokenizer("tiny", seed=3)
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        save_config(TrainConfig(eval_samples=N, threads=1), run / "config.toml")
+        evaluate(run, samples=N, seed=0, batch_size=N, progress=False)
+        result = CliRunner().invoke(app, ["eval", str(run), "--exact"])
+        assert result.exit_code == 0, result.output
+        assert "acc = pi(Y*)" in result.output
+        yield run
+
+
+def test_exact_json_matches_direct_computation(run: Path) -> None:
+    exact = json.loads((run / "eval" / EXACT_FILE).read_text())
+    task = Expr24Task()
+    policy = build_policy(str(run / "checkpoints" / CHECKPOINT / "model"), task, seed=0)
+    direct = exact_log_probs(
+        policy, task.prompt, enumerate_solutions(), min_length=3, max_length=9
+    ).log_prob
+    assert exact["acc"] == pytest.approx(math.exp(np.logaddexp.reduce(direct)), rel=1e-6)
+    assert exact["n_solutions"] == 75_445
+    assert sum(exact["mass_by_length"].values()) == pytest.approx(exact["acc"], rel=1e-9)
+    assert set(exact["mass_by_length"]) == {"3", "5", "7", "9"}
+    assert exact["kl_target_pi"] > 0
+    assert exact["eval"]["checkpoint"] == CHECKPOINT and exact["eval"]["step"] == 4
+    assert exact["timings"]["total_s"] > 0
+
+
+def test_compares_with_the_sampled_evaluation_of_the_same_checkpoint(run: Path) -> None:
+    exact = json.loads((run / "eval" / EXACT_FILE).read_text())
+    sampled = json.loads((run / "eval" / "metrics.json").read_text())
+    comparison = exact["sampled"]
+    assert comparison["n_samples"] == N
+    assert comparison["acc"]["sampled"] == sampled["acc"]
+    assert comparison["acc"]["exact"] == exact["acc"]
+    lo, hi = comparison["acc"]["interval"]
+    assert lo <= exact["acc"] <= hi
+    assert comparison["distinct"]["sampled"] == sampled["cov_count"]
+    assert comparison["distinct"]["expected"] == exact["expected_distinct"][str(N)]
+    for length, check in comparison["mass_by_length"].items():
+        assert check["sampled"] == sampled["count_by_length"].get(length, 0) / N
+
+
+def test_stale_sampled_metrics_are_not_compared(run: Path, tmp_path: Path) -> None:
+    run = Path(shutil.copytree(run, tmp_path / "run"))
+    metrics = json.loads((run / "eval" / "metrics.json").read_text())
+    metrics["eval"]["checkpoint"] = "step-000001"
+    (run / "eval" / "metrics.json").write_text(json.dumps(metrics))
+    exact = exact_evaluate(run, draws=[10, 100])
+    assert "sampled" not in exact
+    assert set(exact["expected_distinct"]) == {"10", "100"}
+    assert exact["expected_distinct"]["10"] <= 10 * exact["acc"] + 1e-12
+
+
+def test_non_enumerable_task_is_refused() -> None:
+    with pytest.raises(EvalError, match="no enumerable solution set"):
+        exact_task_metrics(None, SimpleNamespace(name="smiles"), draws=[1])  # type: ignore[arg-type]
+
+
+def test_cli_reports_a_missing_run(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["eval", str(tmp_path / "nowhere"), "--exact"])
+    assert result.exit_code == 2
+    assert "not a directory" in result.output

@@ -1,0 +1,145 @@
+"""Exact metrics over Y* (core.exact_metrics): hand-computed values, brute-force references and
+properties (Hypothesis)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from raptb.core import exact_metrics as em
+
+PI = [0.1, 0.2, 0.3]
+LOG_PI = np.log(PI)
+
+probabilities = st.lists(st.floats(min_value=1e-12, max_value=1.0), min_size=1, max_size=8).map(
+    lambda xs: np.asarray(xs) / (sum(xs) * 1.25)
+)  # a sub-distribution: mass 0.8 on Y*
+
+
+def test_hand_computed_metrics() -> None:
+    assert em.solution_mass(LOG_PI) == pytest.approx(0.6)
+    assert em.mass_by_length(LOG_PI, [3, 5, 5]) == pytest.approx({3: 0.1, 5: 0.5})
+    # p* uniform (1/3 each) against pi | Y* = (1/6, 1/3, 1/2)
+    kl = (math.log(2) + 0 + math.log(2 / 3)) / 3
+    assert em.conditional_kl(np.zeros(3), LOG_PI) == pytest.approx(kl)
+    assert em.expected_distinct(LOG_PI, 2) == pytest.approx(0.19 + 0.36 + 0.51)
+    assert em.expected_distinct(LOG_PI, 0) == 0.0
+    # q = (0.19, 0.36, 0.51) at N = 2
+    bound = math.sqrt(0.19 * 0.81 + 0.36 * 0.64 + 0.51 * 0.49)
+    assert em.distinct_sd_bound(LOG_PI, 2) == pytest.approx(bound)
+    out = em.exact_metrics(LOG_PI, LOG_PI, [3, 5, 5], draws=[1, 2])
+    assert out["acc"] == pytest.approx(0.6)
+    assert out["log_acc"] == pytest.approx(math.log(0.6))
+    assert out["mass_by_length"] == pytest.approx({"3": 0.1, "5": 0.5})
+    assert out["kl_target_pi"] == pytest.approx(kl)
+    assert out["expected_distinct"] == pytest.approx({"1": 0.6, "2": 1.06})
+    assert out["n_solutions"] == 3
+
+
+def test_target_weights_and_unreachable_solutions() -> None:
+    # p* = (1/2, 1/2, 0): the third solution does not count, whatever pi gives it
+    target = np.array([0.0, 0.0, -np.inf])
+    kl = 0.5 * math.log(0.5 / (1 / 6)) + 0.5 * math.log(0.5 / (1 / 3))
+    assert em.conditional_kl(target, LOG_PI) == pytest.approx(kl)
+    assert em.conditional_kl(np.zeros(3), [math.log(0.5), math.log(0.5), -math.inf]) == math.inf
+    assert em.expected_distinct([math.log(0.5), -math.inf], 3) == pytest.approx(0.875)
+
+
+def test_extreme_probabilities_keep_precision() -> None:
+    # naive 1 - (1 - p)^N is 0 in float64 for p = 1e-20; the stable form gives N p
+    assert em.expected_distinct([math.log(1e-20)], 10**6) == pytest.approx(1e-14, rel=1e-9)
+    # pi = 1 - 1e-12: naive log(1 - pi) loses 4 digits; (1 - pi)^2 = 1e-24, q = 1 - 1e-24
+    log_pi = math.log1p(-1e-12)
+    assert em.log1m_exp(np.array([log_pi]))[0] == pytest.approx(math.log(1e-12), rel=1e-9)
+    assert em.expected_distinct([log_pi], 2) == 1.0
+    assert em.expected_distinct([0.0], 5) == 1.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(probabilities, st.integers(min_value=1, max_value=50))
+def test_expected_distinct_matches_the_direct_formula(pi, n) -> None:
+    direct = sum(1 - (1 - p) ** n for p in pi)
+    assert em.expected_distinct(np.log(pi), n) == pytest.approx(direct, rel=1e-9, abs=1e-15)
+    assert em.expected_distinct(np.log(pi), 1) == pytest.approx(pi.sum())
+    assert em.expected_distinct(np.log(pi), n) <= min(len(pi), n) + 1e-12
+
+
+@settings(max_examples=60, deadline=None)
+@given(probabilities, st.lists(st.floats(min_value=-5, max_value=5), min_size=8, max_size=8))
+def test_conditional_kl_matches_the_direct_formula(pi, weights) -> None:
+    target = np.asarray(weights[: len(pi)])
+    p = np.exp(target) / np.exp(target).sum()
+    q = pi / pi.sum()
+    direct = float(np.sum(p * np.log(p / q)))
+    assert em.conditional_kl(target, np.log(pi)) == pytest.approx(direct, rel=1e-9, abs=1e-12)
+    assert em.conditional_kl(target, np.log(pi)) >= -1e-12
+    # pi proportional to p* on Y* (any total mass): zero divergence
+    assert em.conditional_kl(target, np.log(0.3 * p)) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_distinct_sd_bound_holds_against_exhaustive_variance() -> None:
+    # two solutions (0.3, 0.2) and a third outcome (0.5) outside Y*, N = 4: enumerate all 3^4
+    # draws for the exact variance of the distinct-solution count
+    probs, n = [0.3, 0.2, 0.5], 4
+    counts, weights = [], []
+    for draw in itertools.product(range(3), repeat=n):
+        weights.append(math.prod(probs[i] for i in draw))
+        counts.append(len({i for i in draw if i < 2}))
+    mean = np.dot(weights, counts)
+    variance = np.dot(weights, (np.asarray(counts) - mean) ** 2)
+    assert mean == pytest.approx(em.expected_distinct(np.log(probs[:2]), n))
+    assert variance <= em.distinct_sd_bound(np.log(probs[:2]), n) ** 2 + 1e-12
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.floats(min_value=0.0, max_value=1.0),
+    st.integers(min_value=1, max_value=40),
+    st.sampled_from([0.5, 0.9, 0.95, 0.99]),
+)
+def test_binomial_interval_matches_the_binomial_cdf(p, n, confidence) -> None:
+    lo, hi = em.binomial_interval(p, n, confidence)
+    pmf = [math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(n + 1)]
+    cdf = np.cumsum(pmf)
+    tail = (1 - confidence) / 2
+    assert round(lo * n) == next(k for k in range(n + 1) if cdf[k] >= tail - 1e-12)
+    assert round(hi * n) == next(k for k in range(n + 1) if cdf[k] >= 1 - tail - 1e-12)
+    covered = sum(pmf[round(lo * n) : round(hi * n) + 1])
+    assert covered >= confidence - 1e-9
+
+
+def test_binomial_interval_hand_computed() -> None:
+    # Binomial(4, 1/2): CDF 1/16, 5/16, 11/16, 15/16, 1 -> 2.5% at k = 0, 97.5% at k = 4
+    assert em.binomial_interval(0.5, 4) == (0.0, 1.0)
+    # 50% interval: 25% reached at k = 1, 75% at k = 3
+    assert em.binomial_interval(0.5, 4, 0.5) == (0.25, 0.75)
+    assert em.binomial_interval(0.0, 10) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="p:"):
+        em.binomial_interval(1.5, 10)
+
+
+def test_compare_with_sampled() -> None:
+    exact = em.exact_metrics(LOG_PI, LOG_PI, [3, 5, 5], draws=[4])
+    sampled = {"n_samples": 4, "acc": 0.5, "cov_count": 2, "count_by_length": {"3": 0, "5": 2}}
+    out = em.compare_with_sampled(exact, sampled)
+    assert out["acc"]["sampled"] == 0.5 and out["acc"]["exact"] == pytest.approx(0.6)
+    assert out["acc"]["interval"] == list(em.binomial_interval(0.6, 4)) and out["acc"]["inside"]
+    expected = em.expected_distinct(LOG_PI, 4)
+    assert out["distinct"]["expected"] == pytest.approx(expected)
+    assert out["distinct"]["z"] == pytest.approx((2 - expected) / em.distinct_sd_bound(LOG_PI, 4))
+    assert out["mass_by_length"]["5"]["sampled"] == 0.5
+    assert out["mass_by_length"]["3"]["exact"] == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="N = 7"):
+        em.compare_with_sampled(exact, {**sampled, "n_samples": 7})
+
+
+def test_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="log_pi"):
+        em.solution_mass([0.5])
+    with pytest.raises(ValueError, match="lengths"):
+        em.mass_by_length(LOG_PI, [1, 2])

@@ -1,0 +1,46 @@
+"""The top-level ``raptb`` package: version from the metadata, stable names re-exported lazily."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.metadata import version
+
+import pytest
+
+import raptb
+
+
+def test_version_comes_from_the_package_metadata():
+    assert raptb.__version__ == version("raptb")
+
+
+def test_stable_names_are_the_modules_own():
+    from raptb import PrefixBatch, Trainer, objective_by_name, subm_select
+    from raptb.adapters.registry import register_task, task_spec
+    from raptb.app.train import Trainer as TrainerClass
+    from raptb.core.batch import PrefixBatch as Batch
+    from raptb.core.objectives import objective_by_name as by_name
+    from raptb.core.subm import subm_select as select
+
+    assert (PrefixBatch, objective_by_name, subm_select, Trainer) == (
+        Batch,
+        by_name,
+        select,
+        TrainerClass,
+    )
+    assert (raptb.task_spec, raptb.register_task) == (task_spec, register_task)
+    for name in raptb.__all__:
+        assert getattr(raptb, name) is not None, name
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        raptb.nope  # noqa: B018
+
+
+def test_core_names_load_no_framework():
+    code = (
+        "import sys\n"
+        "from raptb import objective_by_name, PrefixBatch, subm_select, make_buffer\n"
+        "print(sorted({'torch', 'transformers', 'rdkit', 'typer', 'pydantic'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
