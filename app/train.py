@@ -128,6 +128,7 @@ class Trainer:
         )
         self.scorer = PrefixScorer(self.task, self.policy, config.reward.reward_scale, self.rewards)
         self.log_z = torch.nn.Parameter(torch.tensor(config.optim.log_z_init, dtype=torch.float32))
+        self.objective = self._build_objective()
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             [
@@ -137,9 +138,9 @@ class Trainer:
                     "weight_decay": config.optim.weight_decay,
                 },
                 {"params": [self.log_z], "lr": config.optim.log_z_lr, "weight_decay": 0.0},
+                *self._extra_param_groups(),
             ]
         )
-        self.objective = objective_by_name(config.loss, **config.objective_kwargs())
         horizon = config.schedule_horizon
         self.p_replay = LinearSchedule(*config.replay.p_replay, horizon)
         self.p_oracle = LinearSchedule(*config.replay.p_oracle, horizon)
@@ -160,6 +161,20 @@ class Trainer:
             self._load_checkpoint(checkpoint)
 
     # --- construction --------------------------------------------------------------------------
+    # _build_objective, _extra_param_groups, _extra_state, _load_extra_state: what a trainer of
+    # another objective family (app.rl_train) replaces
+
+    def _build_objective(self) -> Any:
+        return objective_by_name(self.cfg.loss, **self.cfg.objective_kwargs())
+
+    def _extra_param_groups(self) -> list[dict[str, Any]]:
+        return []
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def _load_extra_state(self, saved: dict[str, Any]) -> None:
+        """Restore what ``_extra_state`` saved into ``trainer.pt``."""
 
     def _build_buffer(self) -> ReplayBuffer | None:
         kind, capacity = self.cfg.replay.kind, self.cfg.replay.capacity
@@ -258,6 +273,10 @@ class Trainer:
             params = [p for group in self.optimizer.param_groups for p in group["params"]]
             torch.nn.utils.clip_grad_norm_(params, cfg.optim.clip)
         self.optimizer.step()
+        return self._step_record(stats, time.perf_counter() - start)
+
+    def _step_record(self, stats: list[Any], seconds: float) -> dict[str, Any]:
+        """The metrics.jsonl record of the optimizer step just taken from its micro-batches."""
         on_policy = sum(s.on_policy for s in stats)
         sampled = [s.temperature for s in stats if not s.replayed]
         return {
@@ -272,7 +291,7 @@ class Trainer:
             "temperature": float(np.mean(sampled)) if sampled else None,
             "buffer_size": 0 if self.buffer is None else len(self.buffer),
             "nonfinite_skipped": self.nonfinite_total,
-            "seconds": time.perf_counter() - start,
+            "seconds": seconds,
         }
 
     # --- the loop ------------------------------------------------------------------------------
@@ -376,6 +395,7 @@ class Trainer:
                     "log_z": self.log_z.detach().clone(),
                     "torch_rng": torch.get_rng_state(),
                     "generator": self.generator.get_state(),
+                    **self._extra_state(),
                 },
                 folder / "trainer.pt",
             )
@@ -407,6 +427,7 @@ class Trainer:
         self.optimizer.load_state_dict(saved["optimizer"])
         torch.set_rng_state(saved["torch_rng"])
         self.generator.set_state(saved["generator"])
+        self._load_extra_state(saved)
         state = read_state(folder)
         self.step = int(state["step"])
         self.nonfinite_in_row = int(state["nonfinite_in_row"])

@@ -22,8 +22,9 @@ from raptb.app.checkpoint import list_checkpoints, remove_stale_temporaries
 from raptb.app.config import ConfigError, build_config
 from raptb.app.config_reference import default_text, field_at
 from raptb.app.resume import CONFIG_FILE, claim_new_run, resumed_config
+from raptb.app.rl_train import make_trainer
 from raptb.app.run_lock import RunLocked, run_lock
-from raptb.app.train import Trainer, TrainingError
+from raptb.app.train import TrainingError
 
 _err = Console(stderr=True)
 EXIT_TERMINATED = 128 + signal.SIGTERM
@@ -86,7 +87,8 @@ def train_command(
     scaffolds: Annotated[Path | None, _flag("smiles.scaffolds")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
-    """Train a GFlowNet sampler (defaults: the paper's Expr24 setting, embedded tiny model)."""
+    """Train a GFlowNet sampler, or a PPO/GRPO baseline (defaults: the paper's Expr24 setting,
+    embedded tiny model)."""
     overrides = {
         "task": task,
         "loss": loss,
@@ -130,7 +132,7 @@ def train_command(
             else:
                 cfg = claim_new_run(run_dir, cfg, overwrite=overwrite)
                 resume = False
-            trainer = Trainer(cfg, run_dir, resume=resume, progress=progress)
+            trainer = make_trainer(cfg, run_dir, resume=resume, progress=progress)
             result = trainer.train()
     except (TrainingError, ValueError, RunLocked) as exc:
         raise _fail(str(exc)) from None
