@@ -258,7 +258,8 @@ class TrainConfig(_Section):
     )
     loss: LossName = Field(
         "raptb",
-        description="Objective: tb, subtb, raptb, avg_prefix_tb, root_subtb_logz, vargrad.",
+        description="Objective: tb, subtb, raptb, avg_prefix_tb, root_subtb_logz, vargrad; or "
+        "the RL baselines grpo, ppo ([rl] section).",
     )
     model: str = Field(
         "tiny",
