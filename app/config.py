@@ -45,7 +45,7 @@ LossName = Literal[
 ]
 RL_LOSSES = ("grpo", "ppo")
 """The reward-maximising baselines (app.rl_train): no logZ, no replay, rollouts at temperature 1."""
-RL_PRESET: dict[str, Any] = {"replay": {"kind": "none"}, "sampling": {"low_temp_prob": 0.0}}
+RL_PRESET: dict[str, Any] = {"replay": {"kind": "none"}}
 """What an RL loss sets under the file and the flags (an explicit replay other than none is an
 error)."""
 # CISPO's upper clip of the importance weight when epsilon_high is not given: ScaleRL's value

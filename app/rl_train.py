@@ -4,7 +4,7 @@ checkpoints and logging around the stages of ``app.rl_step``.
 What differs from ``app.train.Trainer``: the loss is ``core.grpo`` / ``core.ppo`` built from the
 ``[rl]`` section (TRL's names and defaults); there is no replay (the config only takes replay
 'none') and logZ is never trained (it stays in the optimizer without a gradient); rollouts are
-on-policy at temperature 1 (the RL preset sets ``low_temp_prob`` 0); PPO's value head sits on
+on-policy at temperature 1 (``[sampling]`` is not read); PPO's value head sits on
 the policy's last hidden states, is trained at the policy's learning rate without weight decay,
 and is saved in ``trainer.pt``. The reference model (adapter disabled, or a frozen copy taken
 before the first step) is only evaluated when the KL penalty is on (GRPO beta, PPO kl_coef) or
@@ -24,7 +24,7 @@ from raptb.adapters.lora import is_peft_model
 from raptb.adapters.value_head import ValueHead
 from raptb.app.config import RL_LOSSES, TrainConfig
 from raptb.app.rl_step import needs_reference, rl_loss_step, sequence_rewards
-from raptb.app.step import collect, correct_texts, reward
+from raptb.app.step import correct_texts, reward, roll_out
 from raptb.app.train import Trainer, _MicroStats
 from raptb.core.ppo import PPO
 from raptb.core.rl_objectives import RLObjective, rl_objective_by_name
@@ -69,17 +69,9 @@ class RLTrainer(Trainer):
 
     def _micro_batch(self, prompt: str) -> _RLStats | None:
         cfg = self.cfg
-        batch = collect(
-            self.policy,
-            self.task,
-            prompt,
-            cfg.optim.batch_size,
-            self._mix(),
-            buffer=None,
-            oracle=None,
-            rng=self.rng,
-            generator=self.generator,
-        )
+        # on-policy at temperature 1 (TRL's default): log pi is untempered, so the sampling
+        # policy is the trained one up to the grammar mask
+        batch = roll_out(self.policy, self.task, prompt, cfg.optim.batch_size, 1.0, self.generator)
         kappa = cfg.reward.kappa if cfg.rl.reward == "log_r" else 0.0
         rewards = reward(self.scorer, self.policy, batch, kappa)
         correct = correct_texts(self.task, batch, rewards)

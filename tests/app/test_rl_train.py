@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,20 +17,7 @@ from raptb.app.step import Rewards, roll_out
 from raptb.core.grpo import GRPO
 from raptb.core.ppo import PPO
 from raptb.core.rl_batch import RLBatch
-
-SMALL = {"optim.batch_size": 8, "optim.grad_accum": 2, "threads": 1, "checkpoint_every": 2}
-
-
-def small_config(**over):
-    return build_config(overrides={**SMALL, **over})
-
-
-def records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-def weights(trainer: RLTrainer) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in trainer.policy.model.state_dict().items()}
+from tests.app.test_train import records, small_config, weights
 
 
 @pytest.mark.parametrize(
@@ -180,7 +165,7 @@ def test_ppo_wiring_uses_the_value_head_and_terminal_reward(tmp_path):
 
 def test_rl_config_defaults_and_errors(tmp_path):
     cfg = build_config(overrides={"loss": "grpo"})
-    assert cfg.replay.kind == "none" and cfg.sampling.low_temp_prob == 0.0
+    assert cfg.replay.kind == "none"
     kwargs = cfg.rl_objective_kwargs()
     assert GRPO(**kwargs) == GRPO()  # TRL's defaults, written once in core
     assert set(build_config(overrides={"loss": "ppo"}).rl_objective_kwargs()) <= set(
