@@ -145,6 +145,7 @@ class Trainer:
         )
         self.scorer = PrefixScorer(self.task, self.policy, config.reward.reward_scale, self.rewards)
         self.log_z = torch.nn.Parameter(torch.tensor(config.optim.log_z_init, dtype=torch.float32))
+        self.objective = self._build_objective()
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             [
@@ -154,9 +155,9 @@ class Trainer:
                     "weight_decay": config.optim.weight_decay,
                 },
                 {"params": [self.log_z], "lr": config.optim.log_z_lr, "weight_decay": 0.0},
+                *self._extra_param_groups(),
             ]
         )
-        self.objective = objective_by_name(config.loss, **config.objective_kwargs())
         horizon = config.schedule_horizon
         self.p_replay = LinearSchedule(*config.replay.p_replay, horizon)
         self.p_oracle = LinearSchedule(*config.replay.p_oracle, horizon)
@@ -183,6 +184,20 @@ class Trainer:
             load_trainer_state(self, checkpoint)
 
     # --- construction --------------------------------------------------------------------------
+    # _build_objective, _extra_param_groups, _extra_state, _load_extra_state: what a trainer of
+    # another objective family (app.rl_train) replaces
+
+    def _build_objective(self) -> Any:
+        return objective_by_name(self.cfg.loss, **self.cfg.objective_kwargs())
+
+    def _extra_param_groups(self) -> list[dict[str, Any]]:
+        return []
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def _load_extra_state(self, saved: dict[str, Any]) -> None:
+        """Restore what ``_extra_state`` saved into ``trainer.pt``."""
 
     def _build_buffer(self) -> ReplayBuffer | None:
         kind, capacity = self.cfg.replay.kind, self.cfg.replay.capacity
@@ -284,6 +299,10 @@ class Trainer:
         if cfg.optim.clip is not None:
             torch.nn.utils.clip_grad_norm_(params, cfg.optim.clip)
         self.optimizer.step()
+        return self._step_record(stats, time.perf_counter() - start)
+
+    def _step_record(self, stats: list[Any], seconds: float) -> dict[str, Any]:
+        """The metrics.jsonl record of the optimizer step just taken from its micro-batches."""
         on_policy = sum(s.on_policy for s in stats)
         sampled = [s.temperature for s in stats if not s.replayed]
         return {
@@ -298,7 +317,7 @@ class Trainer:
             "temperature": float(np.mean(sampled)) if sampled else None,
             "buffer_size": 0 if self.buffer is None else len(self.buffer),
             "nonfinite_skipped": self.nonfinite_total,
-            "seconds": time.perf_counter() - start,
+            "seconds": seconds,
         }
 
     # --- the loop ------------------------------------------------------------------------------

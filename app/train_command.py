@@ -24,8 +24,9 @@ from raptb.app.config import ConfigError, TrainConfig, build_config
 from raptb.app.config_reference import default_text, field_at
 from raptb.app.distributed import DistContext, dist_rank
 from raptb.app.resume import CONFIG_FILE, claim_new_run, resumed_config
+from raptb.app.rl_train import make_trainer
 from raptb.app.run_lock import RunLocked, run_lock
-from raptb.app.train import Trainer, TrainingError
+from raptb.app.train import TrainingError
 
 _err = Console(stderr=True)
 EXIT_TERMINATED = 128 + signal.SIGTERM
@@ -106,7 +107,8 @@ def train_command(
     scaffolds: Annotated[Path | None, _flag("smiles.scaffolds")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
-    """Train a GFlowNet sampler (defaults: the paper's Expr24 setting, embedded tiny model)."""
+    """Train a GFlowNet sampler, or a PPO/GRPO baseline (defaults: the paper's Expr24 setting,
+    embedded tiny model)."""
     overrides = {
         "task": task,
         "loss": loss,
@@ -151,7 +153,7 @@ def train_command(
             # it and share its outcome (a refusal included)
             settled, resume = dist.on_main(prepare)
             cfg = type(cfg).model_validate(settled)
-            trainer = Trainer(cfg, run_dir, resume=resume, progress=progress, dist=dist)
+            trainer = make_trainer(cfg, run_dir, resume=resume, progress=progress, dist=dist)
             result = trainer.train()
     except (TrainingError, ValueError, RunLocked) as exc:
         raise _fail(str(exc), dist_rank()) from None

@@ -40,6 +40,7 @@ def save_trainer_state(trainer: Trainer) -> Path:
                 "optimizer": trainer.optimizer.state_dict(),
                 "log_z": trainer.log_z.detach().clone(),
                 "ranks_rng": ranks_rng,
+                **trainer._extra_state(),
             },
             folder / "trainer.pt",
         )
@@ -74,6 +75,7 @@ def load_trainer_state(trainer: Trainer, folder: Path) -> None:
     with torch.no_grad():
         trainer.log_z.copy_(saved["log_z"])
     trainer.optimizer.load_state_dict(saved["optimizer"])
+    trainer._load_extra_state(saved)
     state = read_state(folder)
     trainer.step = int(state["step"])
     restore_rank_rng(
