@@ -19,7 +19,7 @@ from rich.console import Console
 
 from raptb.adapters.registry import task_names, task_spec
 from raptb.app.checkpoint import list_checkpoints, remove_stale_temporaries
-from raptb.app.config import ConfigError, build_config
+from raptb.app.config import ConfigError, TrainConfig, build_config
 from raptb.app.config_reference import default_text, field_at
 from raptb.app.resume import CONFIG_FILE, claim_new_run, resumed_config
 from raptb.app.run_lock import RunLocked, run_lock
@@ -46,6 +46,25 @@ def _flag(path: str, extra: str = "") -> Any:
         help_text += f" ({section} task; its other options go in [{section}] of --config.)"
     shown = default_text(path)
     return typer.Option(help=help_text, show_default=shown if shown is not None else False)
+
+
+def kappa_line(cfg: TrainConfig) -> str:
+    """The start-up line stating kappa, the weight of the reference prior in log R, and why."""
+    kappa, tiny = cfg.reward.kappa, cfg.model == "tiny"
+    if kappa > 0:
+        why = (
+            "the reference model's prior is mixed into the reward, as in the paper"
+            if not tiny
+            else "the prior of the from-scratch tiny model at initialisation"
+        )
+    elif tiny:
+        why = (
+            "the embedded tiny model is trained from scratch, so it has no prior to keep; the "
+            "target is R = exp(lambda S) (pretrained models get 1, as in the paper)"
+        )
+    else:
+        why = "no reference prior, against the paper's 1 for pretrained models"
+    return f"reward.kappa = {kappa:g}: {why}"
 
 
 def _task_choices() -> str:
@@ -84,6 +103,12 @@ def train_command(
     threads: Annotated[int | None, _flag("threads")] = None,
     lora_rank: Annotated[int | None, _flag("lora.rank")] = None,
     scaffolds: Annotated[Path | None, _flag("smiles.scaffolds")] = None,
+    absorb: Annotated[bool | None, _flag("objective.absorb")] = None,
+    subm_weights: Annotated[
+        tuple[float, float, float, float] | None, _flag("replay.subm_weights")
+    ] = None,
+    kappa: Annotated[float | None, _flag("reward.kappa")] = None,
+    reward_scale: Annotated[float | None, _flag("reward.reward_scale")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Train a GFlowNet sampler (defaults: the paper's Expr24 setting, embedded tiny model)."""
@@ -103,6 +128,10 @@ def train_command(
         "threads": threads,
         "lora.rank": lora_rank,
         "smiles.scaffolds": scaffolds,
+        "objective.absorb": absorb,
+        "replay.subm_weights": subm_weights,
+        "reward.kappa": kappa,
+        "reward.reward_scale": reward_scale,
     }
     if resume and overwrite:
         raise _fail("--resume and --overwrite exclude each other")
@@ -130,6 +159,7 @@ def train_command(
             else:
                 cfg = claim_new_run(run_dir, cfg, overwrite=overwrite)
                 resume = False
+            _err.print(kappa_line(cfg), markup=False, highlight=False, soft_wrap=True)
             trainer = Trainer(cfg, run_dir, resume=resume, progress=progress)
             result = trainer.train()
     except (TrainingError, ValueError, RunLocked) as exc:
