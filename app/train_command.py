@@ -159,7 +159,7 @@ def train_command(
             else:
                 cfg = claim_new_run(run_dir, cfg, overwrite=overwrite)
                 resume = False
-            _err.print(kappa_line(cfg), markup=False, highlight=False, soft_wrap=True)
+            typer.echo(kappa_line(cfg))  # stdout: stderr carries warnings and the one-line errors
             trainer = Trainer(cfg, run_dir, resume=resume, progress=progress)
             result = trainer.train()
     except (TrainingError, ValueError, RunLocked) as exc:
