@@ -315,6 +315,9 @@ SPEC = register_task(
         summary="arithmetic expressions equal to 24, enumerable",
         build=lambda options: Expr24Task(),
         is_correct=_is_correct,
+        # SubM's gating and w_val see correctness, as in the paper (its valid/correct split is
+        # kept in samples.jsonl); r(x) is the terminal 0/1 score.
+        replay_valid=_is_correct,
         metrics=_metrics,
         headline=(
             "acc",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -55,6 +55,12 @@ class TaskSpec:
         options: the config section's model (a :class:`TaskOptions`); ``NoOptions`` when none.
         required: option names the task cannot run without (checked when it is the run's task).
         is_correct: success predicate on a terminal score (Acc counts these samples).
+        replay_valid: what ``valid`` means for a replay item (SubM's gating and w_val), on the
+            terminal score: feasibility by default; Expr24 uses correctness (the paper's metrics
+            appendix: for Expr24 "valid" means equal to 24). samples.jsonl keeps both.
+        replay_score: SubM's static reward r(x), the task score S of a replay item (never lambda
+            S): ``"terminal"``, S of the whole text (Expr24: 0/1), or ``"best_prefix"``, the
+            largest S over its prefixes (SMILES).
         defaults: config values the task changes under the file and the flags (the paper's column
             for the task), as a nested mapping such as ``{"reward": {"kappa": 1.0}}``; the field
             defaults of ``TrainConfig`` are the Expr24 column.
@@ -74,6 +80,8 @@ class TaskSpec:
     options: type[TaskOptions] = NoOptions
     required: Sequence[str] = ()
     is_correct: Callable[[Score], bool] = valid_only
+    replay_valid: Callable[[Score], bool] = valid_only
+    replay_score: Literal["terminal", "best_prefix"] = "terminal"
     defaults: Mapping[str, Any] = field(default_factory=dict)
     eval_samples: int = 6400
     solutions: Callable[[Any], list[str]] | None = None

@@ -308,6 +308,7 @@ SPEC = register_task(
             "similarity": "tanimoto",
             "length_bin_size": 1,
         },
+        replay_score="best_prefix",
         # The paper's SMILES column of its hyperparameter tables.
         defaults={
             "reward": {"kappa": 1.0, "reward_scale": 50.0},

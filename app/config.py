@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import functools
 import tomllib
-from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import tomli_w
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     create_model,
@@ -33,222 +30,29 @@ from pydantic import (
 )
 
 from raptb.adapters.registry import TaskOptions, task_names, task_spec
+from raptb.app.config_rl import CISPO_EPSILON_HIGH, RL_LOSSES, RL_PRESET, RLConfig
+from raptb.app.config_sections import (
+    LoraConfig,
+    ObjectiveConfig,
+    OptimConfig,
+    ReplayConfig,
+    RewardConfig,
+    SamplingConfig,
+    Section,
+    subm_preset,
+)
 from raptb.app.durable import write_atomically
-from raptb.core.grpo import GRPO
-from raptb.core.objectives import RapTB, objective_hyperparameters
-from raptb.core.ppo import PPO
+from raptb.core.objectives import objective_hyperparameters
 from raptb.core.rl_objectives import rl_objective_hyperparameters
 from raptb.core.schedules import LinearSchedule
 
 LossName = Literal[
     "tb", "subtb", "raptb", "avg_prefix_tb", "root_subtb_logz", "vargrad", "grpo", "ppo"
 ]
-RL_LOSSES = ("grpo", "ppo")
-"""The reward-maximising baselines (app.rl_train): no logZ, no replay, rollouts at temperature 1."""
-RL_PRESET: dict[str, Any] = {"replay": {"kind": "none"}}
-"""What an RL loss sets under the file and the flags (an explicit replay other than none is an
-error)."""
-# CISPO's upper clip of the importance weight when epsilon_high is not given: ScaleRL's value
-# (TRL recommends it; its own default, epsilon, would cap every weight at 0.2)
-CISPO_EPSILON_HIGH = 5.0
-ReplayName = Literal["none", "rp", "prt", "subm", "oracle"]
-Finite = Annotated[float, Field(allow_inf_nan=False)]
-Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-Probability = Annotated[float, Field(ge=0, le=1)]
-ProbabilityPair = tuple[Probability, Probability]
-"""A linear schedule (start, end) of probabilities."""
-TemperaturePair = tuple[Positive, Positive]
-"""A linear schedule (start, end) of sampling temperatures."""
 DEFAULT_TASK = "expr24"
-_RAPTB_DEFAULTS = {f.name: f.default for f in fields(RapTB)}
-# TRL's defaults as core writes them (the names the two share are not in the [rl] section)
-_RL_DEFAULTS = {f.name: f.default for cls in (PPO, GRPO) for f in fields(cls)}
 
 
-def _core_default(defaults: dict[str, Any], name: str, description: str, **constraints: Any) -> Any:
-    default = defaults[name]
-    if isinstance(default, float):
-        constraints.setdefault("allow_inf_nan", False)
-    return Field(default, description=description, **constraints)
-
-
-def _raptb(name: str, description: str, **constraints: Any) -> Any:
-    """A field whose default is core RapTB's (the paper's Expr24 column), so it is written once."""
-    return _core_default(_RAPTB_DEFAULTS, name, description, **constraints)
-
-
-def _trl(name: str, description: str, **constraints: Any) -> Any:
-    """A field whose default is core GRPO's or PPO's (TRL's), so it is written once."""
-    return _core_default(_RL_DEFAULTS, name, description, **constraints)
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ObjectiveConfig(_Section):
-    """Objective hyperparameters, passed to each objective that takes them (core.objectives)."""
-
-    eta: float = _raptb(
-        "eta", "RapTB: weight of the auxiliary prefix loss (Delta^2 + eta L_aux).", ge=0
-    )
-    gamma: float = _raptb(
-        "gamma", "RapTB: decay gamma^(h-k) of the absorbed correction.", gt=0, le=1
-    )
-    alpha: float = _raptb("alpha", "RapTB: weight of the max backup in the target mix.", ge=0, le=1)
-    beta: float = _raptb("beta", "RapTB: inverse temperature of the soft backup.", gt=0)
-    rho: float = _raptb("rho", "RapTB: per-step length penalty of the soft backup.", ge=0)
-    k_min: tuple[int, int] = Field(
-        (7, 3),
-        description="Shallowest prefix depth of L_aux (start, end), linear over the schedule, "
-        "integer-truncated.",
-    )
-    horizon: Annotated[int, Field(ge=1)] | None = Field(
-        None, description="Backup horizon cap K; None: the trajectory length."
-    )
-    target: Literal["max", "soft", "mix"] = _raptb(
-        "target", "RapTB absorbed target: max backup, soft backup, or their alpha mix."
-    )
-    detach_pterm: bool = _raptb("detach_pterm", "RapTB: detach p_term in the auxiliary branch.")
-    absorb_eps: float = _raptb(
-        "absorb_eps", "RapTB: absorb gate; prefixes with |u_k| <= it take the future target.", ge=0
-    )
-    subtb_lambda: Positive | None = Field(
-        None,
-        description="Window/prefix weight base; None keeps each objective's own default "
-        "(SubTB family 0.9, RapTB 1 = uniform).",
-    )
-
-    @model_validator(mode="after")
-    def _k_min_positive(self) -> ObjectiveConfig:
-        if min(self.k_min) < 1:
-            raise ValueError("k_min values must be >= 1")
-        return self
-
-
-class OptimConfig(_Section):
-    """AdamW for the policy, and for logZ in its own float32 parameter group."""
-
-    lr: Positive = Field(1e-3, description="Policy learning rate.")
-    log_z_lr: Positive = Field(0.1, description="logZ learning rate.")
-    log_z_init: Finite = Field(0.0, description="Initial logZ.")
-    weight_decay: NonNegative = Field(0.0, description="Policy weight decay (logZ has none).")
-    batch_size: Annotated[int, Field(ge=1)] = Field(32, description="Trajectories per micro-batch.")
-    grad_accum: Annotated[int, Field(ge=1)] = Field(
-        4, description="Micro-batches per optimizer step."
-    )
-    clip: Positive | None = Field(0.5, description="Gradient-norm clip; None: no clipping.")
-
-
-class SamplingConfig(_Section):
-    """Behaviour policy of on-policy batches."""
-
-    temp_hi: TemperaturePair = Field((1.5, 1.0), description="T_hi schedule (start, end).")
-    temp_lo: TemperaturePair = Field((0.8, 1.0), description="T_lo schedule (start, end).")
-    low_temp_prob: Probability = Field(
-        0.666,
-        description="Probability that an on-policy batch uses a temperature drawn from "
-        "[T_lo, T_hi] (otherwise 1).",
-    )
-
-
-class ReplayConfig(_Section):
-    """Replay buffer (core.replay); SubM's weights and similarity come from the task."""
-
-    kind: ReplayName = Field(
-        "subm",
-        description="Replay: none, rp, prt, subm, oracle (enumerable tasks only).",
-    )
-    capacity: Annotated[int, Field(ge=1)] = Field(200, description="Items kept per prompt.")
-    p_replay: ProbabilityPair = Field(
-        (0.5, 0.25),
-        description="Probability that a micro-batch is drawn from the buffer (start, end).",
-    )
-    p_oracle: ProbabilityPair = Field(
-        (0.75, 0.25),
-        description="Oracle replay: probability that an on-policy batch has rows spliced from "
-        "the oracle (start, end).",
-    )
-    oracle_fraction: Probability = Field(
-        0.7, description="Oracle replay: fraction of a spliced batch's rows replaced."
-    )
-    subm_diversity: Literal["facility", "dispersion"] = Field(
-        "facility",
-        description="SubM's diversity term: the paper's facility location, or the released "
-        "reference code's dispersion rule for comparison runs.",
-    )
-
-
-class RewardConfig(_Section):
-    """log R_k = kappa * log P_ref(prefix_k + stop) + lambda * S(prefix_k)."""
-
-    reward_scale: NonNegative = Field(50.0, description="lambda: u_k = lambda * S(prefix_k).")
-    kappa: NonNegative = Field(
-        0.0, description="Weight of the frozen reference model's log-probability in log R."
-    )
-    workers: Annotated[int, Field(ge=0)] = Field(
-        0,
-        description="Processes that score distinct prefixes in parallel (0: in the trainer); "
-        "for slow rewards. The task must be picklable (a custom reward defined at module level "
-        "is).",
-    )
-    max_failed_steps: Annotated[int, Field(ge=1)] = Field(
-        10,
-        description="Stop after this many consecutive steps in which every reward call raised "
-        "or was non-finite.",
-    )
-
-
-class LoraConfig(_Section):
-    """LoRA adapters on the attention and MLP projections (pretrained models: rank 16)."""
-
-    rank: Annotated[int, Field(ge=0)] | None = Field(
-        None, description="LoRA rank; None or 0 trains every weight."
-    )
-    alpha: Positive = Field(16.0, description="LoRA alpha.")
-    dropout: Annotated[float, Field(ge=0, lt=1)] = Field(0.1, description="LoRA dropout.")
-
-
-class RLConfig(_Section):
-    """PPO and GRPO (``--loss ppo|grpo``): TRL's names and defaults (core.grpo, core.ppo)."""
-
-    reward: Literal["task", "log_r"] = Field(
-        "task",
-        description="Sequence reward: 'task' = u at the stop (lambda * S of the finished text), "
-        "'log_r' = log R at the stop (adds kappa log P_ref).",
-    )
-    num_generations: int = _trl(
-        "num_generations", "GRPO: samples per group (batch_size must be a multiple).", ge=2
-    )
-    scale_rewards: Literal["group", "batch", "none"] = _trl(
-        "scale_rewards", "GRPO: divide advantages by the group's or batch's reward std, or not."
-    )
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"] = _trl(
-        "loss_type", "GRPO: loss aggregation (TRL's loss_type)."
-    )
-    epsilon: float = _trl("epsilon", "GRPO: lower clip range of the importance ratio.", ge=0)
-    epsilon_high: float | None = Field(
-        None,
-        description="GRPO: upper clip range (None: epsilon; cispo: 5.0, the ScaleRL value).",
-        ge=0,
-        allow_inf_nan=False,
-    )
-    beta: float = _trl("beta", "GRPO: weight of the k3 KL penalty to the reference.", ge=0)
-    importance_sampling_level: Literal["token", "sequence"] = _trl(
-        "importance_sampling_level", "GRPO: one ratio per token, or per sequence (GSPO)."
-    )
-    cliprange: float = _trl("cliprange", "PPO: clip range of the policy ratio.", ge=0)
-    cliprange_value: float = _trl("cliprange_value", "PPO: clip range of the value.", ge=0)
-    vf_coef: float = _trl("vf_coef", "PPO: weight of the value loss.", ge=0)
-    kl_coef: float = _trl("kl_coef", "PPO: per-token KL penalty in the rewards.", ge=0)
-    kl_estimator: Literal["k1", "k3"] = _trl("kl_estimator", "PPO: KL estimator.")
-    gamma: float = _trl("gamma", "PPO: discount.", ge=0, le=1)
-    lam: float = _trl("lam", "PPO: GAE lambda.", ge=0, le=1)
-    whiten_rewards: bool = _trl("whiten_rewards", "PPO: whiten the token rewards.")
-
-
-class TrainConfig(_Section):
+class TrainConfig(Section):
     """One run. Task sections (``[smiles]``, ``[custom]``, ...) come from the task registry:
     :func:`config_model` adds one field per registered task; :meth:`task_options` reads the run's.
     """
@@ -307,6 +111,20 @@ class TrainConfig(_Section):
                 raise ValueError(f"task {self.task!r} needs {self.task}.{name}")
         return self
 
+    def task_options(self) -> TaskOptions:
+        """The options of the run's task (its section, or the section's defaults)."""
+        options = getattr(self, self.task, None)
+        return task_spec(self.task).options() if options is None else options
+
+    @property
+    def schedule_horizon(self) -> int:
+        return self.schedule_steps or self.steps
+
+    @property
+    def eval_sample_count(self) -> int:
+        """Evaluation samples N: ``eval_samples``, else the task's default."""
+        return self.eval_samples or task_spec(self.task).eval_samples
+
     @model_validator(mode="after")
     def _rl_without_replay(self) -> TrainConfig:
         if self.loss in RL_LOSSES and self.replay.kind != "none":
@@ -325,20 +143,6 @@ class TrainConfig(_Section):
             values["epsilon_high"] = CISPO_EPSILON_HIGH
         taken = rl_objective_hyperparameters(self.loss)
         return {k: v for k, v in values.items() if k in taken}
-
-    def task_options(self) -> TaskOptions:
-        """The options of the run's task (its section, or the section's defaults)."""
-        options = getattr(self, self.task, None)
-        return task_spec(self.task).options() if options is None else options
-
-    @property
-    def schedule_horizon(self) -> int:
-        return self.schedule_steps or self.steps
-
-    @property
-    def eval_sample_count(self) -> int:
-        """Evaluation samples N: ``eval_samples``, else the task's default."""
-        return self.eval_samples or task_spec(self.task).eval_samples
 
     def objective_kwargs(self) -> dict[str, Any]:
         """Hyperparameters for ``objective_by_name(self.loss, ...)``: only those it takes."""
@@ -385,9 +189,16 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# The paper fine-tunes pretrained models with LoRA rank 16 at lr 1e-4; the embedded "tiny" model is
-# trained from scratch, whole, at the larger default lr.
-PRETRAINED_PRESET: dict[str, Any] = {"lora": {"rank": 16}, "optim": {"lr": 1e-4}}
+# The paper fine-tunes pretrained models with LoRA rank 16 at lr 1e-4 and mixes the reference
+# model's prior into every task's reward (kappa = 1, also on Expr24 in the released configs); the
+# embedded "tiny" model is trained from scratch, whole, at the larger default lr, and keeps kappa
+# 0 on Expr24, whose reference p* (uniform over the solutions) the exact metrics compare against.
+# A task's own preset wins over this one.
+PRETRAINED_PRESET: dict[str, Any] = {
+    "lora": {"rank": 16},
+    "optim": {"lr": 1e-4},
+    "reward": {"kappa": 1.0},
+}
 
 
 def task_presets(task: object) -> dict[str, Any]:
@@ -396,7 +207,8 @@ def task_presets(task: object) -> dict[str, Any]:
     if not isinstance(task, str) or task not in task_names():
         return {}
     spec = task_spec(task)
-    return _merge({"eval_samples": spec.eval_samples}, dict(spec.defaults))
+    base = {"eval_samples": spec.eval_samples, "replay": subm_preset(dict(spec.subm))}
+    return _merge(base, dict(spec.defaults))
 
 
 def build_config(file: Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:

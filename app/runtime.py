@@ -91,11 +91,14 @@ DEFAULT_SCORE_CACHE_SIZE = 200_000
 class ScoredRows:
     """Per-prefix task rewards of B trajectories padded to T = max length.
 
-    u: float64 [B, T+1] (0 after tau); scores: the terminal Score of each row.
+    u: float64 [B, T+1], lambda S of each prefix at the scorer's ``reward_scale`` (0 after tau);
+    scores: the terminal Score of each row; s: float64 [B, T+1], the task scores S themselves
+    (0 after tau), from which a scheduled lambda rescales u.
     """
 
     u: np.ndarray
     scores: list[Score]
+    s: np.ndarray
 
 
 class ScoreCache:
@@ -191,10 +194,10 @@ class PrefixScorer:
             self.texts(tokens, None if texts is None else texts[b]) for b, tokens in enumerate(rows)
         ]
         found = self.scores(prompt, (text for row in prefixes for text in row))
-        u = np.zeros((len(rows), max_length + 1))
+        s = np.zeros((len(rows), max_length + 1))
         for b, row in enumerate(prefixes):
-            u[b, : len(row)] = [self.reward_scale * found[text].value for text in row]
-        return ScoredRows(u=u, scores=[found[row[-1]] for row in prefixes])
+            s[b, : len(row)] = [found[text].value for text in row]
+        return ScoredRows(u=self.reward_scale * s, scores=[found[row[-1]] for row in prefixes], s=s)
 
 
 def reference_log_prob(

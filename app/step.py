@@ -82,7 +82,7 @@ class Rewards:
     """Per-prefix rewards of a micro-batch's B rows, T = max length.
 
     u_host: float64 [B, T+1], task-only rewards u (0 after tau), as replay items store them.
-    scores: the terminal Score of each row; None for a replayed batch (its u is stored).
+    scores: the terminal Score of each row; None for a replayed batch whose stored u is reused.
     u: float32 [B, T+1], ``u_host`` on the policy's device.
     prior: float32 [B, T+1], kappa log P_ref of each prefix; None when kappa = 0.
     log_r: float32 [B, T+1], u + prior (u when kappa = 0).
@@ -93,6 +93,8 @@ class Rewards:
     u: torch.Tensor
     prior: torch.Tensor | None
     log_r: torch.Tensor
+    s_host: np.ndarray | None = None
+    """float64 [B, T+1], the task scores S per prefix (u = scale S); None with ``scores``."""
 
 
 @dataclass(frozen=True)
@@ -226,22 +228,37 @@ def splice_oracle(
 # --- reward ------------------------------------------------------------------------------------
 
 
-def reward(scorer: PrefixScorer, policy: HFPolicy, batch: Trajectories, kappa: float) -> Rewards:
-    """Task rewards u of every prefix (the stored ones for a replayed batch; else every distinct
-    uncached prefix text of the batch scored in one ``scorer`` call) and, when kappa > 0, the
-    reference prior kappa log P_ref from the frozen reference model."""
+def reward(
+    scorer: PrefixScorer,
+    policy: HFPolicy,
+    batch: Trajectories,
+    kappa: float,
+    scale: float | None = None,
+    rescore: bool = False,
+) -> Rewards:
+    """Task rewards u = scale * S of every prefix and, when kappa > 0, the reference prior
+    kappa log P_ref from the frozen reference model.
+
+    scale: the task term's weight (lambda, divided by the reward temperature when there is one);
+        None: the scorer's ``reward_scale``.
+    rescore: score a replayed batch again (through the cache) instead of reusing the u stored
+        with its items; the trainer asks for it when the reward is scheduled, where stored u
+        would carry an older lambda. A sampled batch is always scored: every distinct uncached
+        prefix text of the batch in one ``scorer`` call.
+    """
     max_length = batch.tokens.shape[1]
-    scores = None
-    if batch.stored_u is not None:
+    scores = s_host = None
+    if batch.stored_u is not None and not rescore:
         u_host = batch.stored_u
     else:
         scored = scorer.score_rows(batch.prompt, batch.rows, max_length, batch.texts)
-        u_host, scores = scored.u, scored.scores
+        scale = scorer.reward_scale if scale is None else scale
+        u_host, scores, s_host = scale * scored.s, scored.scores, scored.s
     u = torch.as_tensor(u_host, dtype=torch.float32, device=batch.tokens.device)
     if kappa <= 0:
-        return Rewards(u_host=u_host, scores=scores, u=u, prior=None, log_r=u)
+        return Rewards(u_host=u_host, scores=scores, u=u, prior=None, log_r=u, s_host=s_host)
     prior = kappa * reference_log_prob(policy, batch.prompt, batch.tokens, batch.length)
-    return Rewards(u_host=u_host, scores=scores, u=u, prior=prior, log_r=u + prior)
+    return Rewards(u_host=u_host, scores=scores, u=u, prior=prior, log_r=u + prior, s_host=s_host)
 
 
 def correct_texts(task: Task, batch: Trajectories, rewards: Rewards) -> list[str]:
@@ -285,10 +302,10 @@ def loss_step(
 def new_items(task: Task, batch: Trajectories, rewards: Rewards) -> list[ReplayItem]:
     """The on-policy rows of a sampled batch as replay items; their log-rewards include the
     reference prior when kappa > 0."""
-    if rewards.scores is None or not batch.on_policy:
+    if rewards.scores is None or rewards.s_host is None or not batch.on_policy:
         return []
     log_r = rewards.u_host if rewards.prior is None else rewards.log_r.double().cpu().numpy()
-    scored = ScoredRows(u=rewards.u_host, scores=rewards.scores)
+    scored = ScoredRows(u=rewards.u_host, scores=rewards.scores, s=rewards.s_host)
     return replay_items(task, batch.prompt, batch.rows, batch.texts, scored, batch.on_policy, log_r)
 
 
@@ -302,10 +319,15 @@ def replay_items(
     log_r: np.ndarray,
 ) -> list[ReplayItem]:
     """Replay items of rows b in ``indices``: tokens, text, task rewards u and log-rewards
-    ``log_r`` (float64 [B, T+1]) cut at tau, validity, and the task's item features."""
+    ``log_r`` (float64 [B, T+1]) cut at tau, the task's replay validity and static score (its
+    spec's ``replay_valid`` and ``replay_score``: Expr24 marks correct rows valid, SMILES scores
+    a row by its best prefix), and the task's item features."""
+    spec = task_spec(task.name)
     items = []
     for b in indices:
         end = len(rows[b]) + 1
+        prefix_scores = scored.s[b, :end]
+        best = spec.replay_score == "best_prefix"
         items.append(
             ReplayItem(
                 prompt=prompt,
@@ -313,7 +335,8 @@ def replay_items(
                 text=texts[b],
                 log_r=log_r[b, :end],
                 u=scored.u[b, :end],
-                valid=scored.scores[b].valid,
+                valid=spec.replay_valid(scored.scores[b]),
+                score=float(prefix_scores.max() if best else prefix_scores[-1]),
                 **_item_extras(task, prompt, texts[b]),
             )
         )

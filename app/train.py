@@ -10,9 +10,10 @@ micro-batch is (replay.md "How replay enters training"):
   oracle solutions (teacher-forced).
 
 Every trajectory is re-scored by the current policy in one teacher-forced forward pass (with
-gradients). Rewards: on-policy rows are scored with the task; replayed rows reuse the task-only
-rewards u stored with them (the reward is not scheduled, so they are exact); when kappa > 0 the
-reference term kappa log P_ref is recomputed from the frozen reference model for every batch.
+gradients). Rewards (app.reward_schedule): on-policy rows are scored with the task; replayed rows
+reuse the task-only rewards u stored with them unless lambda or the reward temperature is
+scheduled (then they are scored again, through the cache); when kappa > 0 the reference term
+kappa log P_ref is recomputed from the frozen reference model for every batch.
 The micro-batch itself is the four stages of ``raptb.app.step`` (collect, reward, loss, buffer
 update); this module schedules them and owns the optimizer, checkpoints and logging.
 
@@ -55,6 +56,7 @@ from raptb.app.distributed import (
 )
 from raptb.app.resume import check_steps
 from raptb.app.reward_calls import RewardCaller
+from raptb.app.reward_schedule import RewardSchedule
 from raptb.app.run_log import cut_log, log_path
 from raptb.app.runtime import PrefixScorer, build_policy, build_task
 from raptb.app.step import (
@@ -163,6 +165,7 @@ class Trainer:
         self.p_oracle = LinearSchedule(*config.replay.p_oracle, horizon)
         self.temp_lo = LinearSchedule(*config.sampling.temp_lo, horizon)
         self.temp_hi = LinearSchedule(*config.sampling.temp_hi, horizon)
+        self.reward_schedule = RewardSchedule(config.reward, horizon)
         self.buffer = self._build_buffer()
         self.oracle = self.buffer if config.replay.kind == "oracle" else None
         self.draws = None if self.buffer is None else RankSlice(self.buffer, self.dist)
@@ -200,19 +203,12 @@ class Trainer:
         """Restore what ``_extra_state`` saved into ``trainer.pt``."""
 
     def _build_buffer(self) -> ReplayBuffer | None:
-        kind, capacity = self.cfg.replay.kind, self.cfg.replay.capacity
+        kind = self.cfg.replay.kind
         if kind == "none":
             return None
         if kind == "oracle":
             return make_buffer("oracle", items=self._oracle_items())
-        if kind == "subm":
-            return make_buffer(
-                "subm",
-                **task_spec(self.cfg.task).subm,
-                capacity=capacity,
-                diversity=self.cfg.replay.subm_diversity,
-            )
-        return make_buffer(kind, capacity=capacity)
+        return make_buffer(kind, **self.cfg.replay.buffer_kwargs())
 
     def _oracle_items(self) -> list[ReplayItem]:
         solutions = task_spec(self.cfg.task).solutions
@@ -256,7 +252,10 @@ class Trainer:
             rng=self.rng,
             generator=self.generator,
         )
-        rewards = reward(self.scorer, self.policy, batch, cfg.reward.kappa)
+        weights = self.reward_schedule.at(self.step)
+        rewards = reward(
+            self.scorer, self.policy, batch, weights.kappa, weights.scale, weights.rescore
+        )
         correct = correct_texts(self.task, batch, rewards)
         result = loss_step(
             self.policy, self.objective, self.log_z, batch, rewards, self.step, cfg.optim.grad_accum

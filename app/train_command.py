@@ -69,6 +69,25 @@ def _flag(path: str, extra: str = "") -> Any:
     return typer.Option(help=help_text, show_default=shown if shown is not None else False)
 
 
+def kappa_line(cfg: TrainConfig) -> str:
+    """The start-up line stating kappa, the weight of the reference prior in log R, and why."""
+    kappa, tiny = cfg.reward.kappa, cfg.model == "tiny"
+    if kappa > 0:
+        why = (
+            "the reference model's prior is mixed into the reward, as in the paper"
+            if not tiny
+            else "the prior of the from-scratch tiny model at initialisation"
+        )
+    elif tiny:
+        why = (
+            "the embedded tiny model is trained from scratch, so it has no prior to keep; the "
+            "target is R = exp(lambda S) (pretrained models get 1, as in the paper)"
+        )
+    else:
+        why = "no reference prior, against the paper's 1 for pretrained models"
+    return f"reward.kappa = {kappa:g}: {why}"
+
+
 def _task_choices() -> str:
     return " Registered: " + "; ".join(
         f"{name}: {task_spec(name).summary}" if task_spec(name).summary else name
@@ -105,6 +124,12 @@ def train_command(
     threads: Annotated[int | None, _flag("threads")] = None,
     lora_rank: Annotated[int | None, _flag("lora.rank")] = None,
     scaffolds: Annotated[Path | None, _flag("smiles.scaffolds")] = None,
+    absorb: Annotated[bool | None, _flag("objective.absorb")] = None,
+    subm_weights: Annotated[
+        tuple[float, float, float, float] | None, _flag("replay.subm_weights")
+    ] = None,
+    kappa: Annotated[float | None, _flag("reward.kappa")] = None,
+    reward_scale: Annotated[float | None, _flag("reward.reward_scale")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Train a GFlowNet sampler, or a PPO/GRPO baseline (defaults: the paper's Expr24 setting,
@@ -125,6 +150,10 @@ def train_command(
         "threads": threads,
         "lora.rank": lora_rank,
         "smiles.scaffolds": scaffolds,
+        "objective.absorb": absorb,
+        "replay.subm_weights": subm_weights,
+        "reward.kappa": kappa,
+        "reward.reward_scale": reward_scale,
     }
     if resume and overwrite:
         raise _fail("--resume and --overwrite exclude each other")
@@ -153,6 +182,8 @@ def train_command(
             # it and share its outcome (a refusal included)
             settled, resume = dist.on_main(prepare)
             cfg = type(cfg).model_validate(settled)
+            if dist.is_main:
+                typer.echo(kappa_line(cfg))  # stdout: stderr carries warnings and one-line errors
             trainer = make_trainer(cfg, run_dir, resume=resume, progress=progress, dist=dist)
             result = trainer.train()
     except (TrainingError, ValueError, RunLocked) as exc:

@@ -20,7 +20,9 @@ per-trajectory loss and a dict of detached float diagnostics.
   rbar_k = Delta_k - Delta_0 (logZ cancels), log_pterm replaced by stopgrad(log_pterm) when
   ``detach_pterm``, and rhat_k = rbar_k + a_k (u_k - u_tgt_k), a_k = gamma^(h-k) 1[|u_k| <= eps_ab]
   (absorb gate: only prefixes without task reward of their own are pulled toward the future
-  target). w_k = lambda^(k - k_min). A trajectory with no eligible prefix contributes TB only.
+  target). ``absorb=False`` is the paper's "w/o reward absorb" ablation: u_tgt = u, so a_k = 0
+  and L_aux is the mean of rbar_k^2. w_k = lambda^(k - k_min). A trajectory with no eligible
+  prefix contributes TB only.
 - ``avg_prefix_tb``: mean over k = 1..tau of Delta_k^2 (paper eq. avgprefixtb; logZ and raw stop
   rewards kept). The paper leaves tau = 0 undefined; there the only prefix, k = 0, is used.
 - ``root_subtb_logz``: weighted mean over k = 1..tau of Delta_k^2 with w_k = lambda^(k-1) (rooted
@@ -209,6 +211,7 @@ class RapTB(Objective):
     detach_pterm: bool = True
     absorb_eps: float = 1e-6
     subtb_lambda: float = 1.0
+    absorb: bool = True
 
     def __post_init__(self) -> None:
         _check_range("eta", self.eta, 0.0, math.inf)
@@ -229,8 +232,9 @@ class RapTB(Objective):
             raise ValueError(
                 f"k_min: must be an integer >= 1 or a LinearSchedule, got {self.k_min!r}"
             )
-        if not isinstance(self.detach_pterm, bool):
-            raise ValueError(f"detach_pterm: must be a bool, got {self.detach_pterm!r}")
+        for name in ("detach_pterm", "absorb"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: must be a bool, got {getattr(self, name)!r}")
 
     def __call__(self, batch, log_z, step=0):
         xp = batch.xp
@@ -246,15 +250,17 @@ class RapTB(Objective):
         cols = xp.arange(batch.max_length + 1, device=device(u))
         h = backup_window_end(batch.length, self.horizon)
         eligible = (cols[None, :] >= k_min) & (cols[None, :] <= h[:, None])
-        u_tgt = absorbed_targets(
-            u, batch.length, self.alpha, self.beta, self.rho, self.horizon, self.target
-        )
         zero = xp.zeros_like(u)
-        absorb = eligible & (xp.abs(u) <= self.absorb_eps)
-        distance = xp.astype(h[:, None] - cols[None, :], u.dtype)
-        # Outside the absorbed set the product may be inf * 0; ``where`` selects 0 there, and no
-        # gradient flows through it (u and u_tgt are data).
-        rhat = rooted + xp.where(absorb, self.gamma**distance * (u - u_tgt), zero)
+        rhat = rooted
+        if self.absorb:  # without absorption u_tgt = u: no correction term
+            u_tgt = absorbed_targets(
+                u, batch.length, self.alpha, self.beta, self.rho, self.horizon, self.target
+            )
+            absorbed = eligible & (xp.abs(u) <= self.absorb_eps)
+            distance = xp.astype(h[:, None] - cols[None, :], u.dtype)
+            # Outside the absorbed set the product may be inf * 0; ``where`` selects 0 there, and
+            # no gradient flows through it (u and u_tgt are data).
+            rhat = rooted + xp.where(absorbed, self.gamma**distance * (u - u_tgt), zero)
 
         offset = xp.astype(cols - k_min, u.dtype)
         weight = xp.where(eligible, float(self.subtb_lambda) ** offset[None, :], zero)

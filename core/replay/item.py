@@ -7,6 +7,7 @@ lists (``pack_items``), so a buffer's ``state_dict`` round-trips exactly through
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,9 +24,13 @@ class ReplayItem:
     text: the decoded generated text.
     log_r: float64 [L + 1], log_r[k] = log-reward of the prefix of k tokens followed by stop.
     u: float64 [L + 1], task-only reward per prefix.
-    valid: whether the terminal text is feasible.
+    valid: the task's replay validity (SubM's gating and w_val): for most tasks feasibility, for
+        Expr24 correctness (the paper's metrics appendix: "valid" means equal to 24).
     features: optional 1-D array for the similarity backend (e.g. a packed uint64 fingerprint).
     canonical: optional canonical form for SubM's dedup (e.g. canonical SMILES); defaults to text.
+    score: SubM's static reward r(x), the task score S in [0, 1] (unscaled by lambda; Expr24 the
+        terminal score, SMILES the best prefix score); None when unknown (an item restored from a
+        checkpoint written before items carried it).
     """
 
     prompt: str
@@ -36,6 +41,7 @@ class ReplayItem:
     valid: bool
     features: np.ndarray | None = None
     canonical: str | None = field(default=None)
+    score: float | None = None
 
     def __post_init__(self) -> None:
         tokens = tuple(int(t) for t in self.tokens)
@@ -58,6 +64,10 @@ class ReplayItem:
             feats.flags.writeable = False
             object.__setattr__(self, "features", feats)
         object.__setattr__(self, "valid", bool(self.valid))
+        if self.score is not None:
+            if not math.isfinite(self.score):
+                raise ValueError(f"score must be finite, got {self.score}")
+            object.__setattr__(self, "score", float(self.score))
 
     @property
     def length(self) -> int:
@@ -92,6 +102,8 @@ def pack_items(items: Sequence[ReplayItem]) -> dict[str, Any]:
         "log_r": np.concatenate([it.log_r for it in items]) if items else np.zeros(0),
         "u": np.concatenate([it.u for it in items]) if items else np.zeros(0),
         "valid": np.array([it.valid for it in items], dtype=bool),
+        # NaN marks an item without a score (it never holds a real NaN: scores are finite)
+        "score": np.array([np.nan if it.score is None else it.score for it in items]),
         "has_features": has_feat,
         "feature_lengths": np.array([f.size for f in feats], dtype=np.int64),
         "features": np.concatenate(feats) if feats else np.zeros(0, dtype=feat_dtype),
@@ -100,7 +112,8 @@ def pack_items(items: Sequence[ReplayItem]) -> dict[str, Any]:
 
 
 def unpack_items(d: dict[str, Any]) -> list[ReplayItem]:
-    """The items ``pack_items`` flattened, in the same order."""
+    """The items ``pack_items`` flattened, in the same order (a pack written before items had
+    a score restores them with ``score=None``)."""
     lengths = np.asarray(d["lengths"], dtype=np.int64)
     tok_off = np.concatenate([[0], np.cumsum(lengths)])
     r_off = np.concatenate([[0], np.cumsum(lengths + 1)])
@@ -109,6 +122,7 @@ def unpack_items(d: dict[str, Any]) -> list[ReplayItem]:
     tokens = np.asarray(d["tokens"], dtype=np.int64)
     log_r = np.asarray(d["log_r"], dtype=np.float64)
     u = np.asarray(d["u"], dtype=np.float64)
+    scores = np.asarray(d.get("score", np.full(lengths.size, np.nan)), dtype=np.float64)
     out = []
     f = 0
     for i in range(lengths.size):
@@ -126,6 +140,7 @@ def unpack_items(d: dict[str, Any]) -> list[ReplayItem]:
                 valid=bool(d["valid"][i]),
                 features=feature,
                 canonical=d["canonical"][i],
+                score=None if np.isnan(scores[i]) else float(scores[i]),
             )
         )
     return out

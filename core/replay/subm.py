@@ -2,13 +2,16 @@
 
 On every add, ground set G = stored items + new items, deduplicated by ``item.key`` (the better
 terminal log-reward wins), then ``subm_select`` with static score
-s(x) = w_rew r(x) + w_val 1[valid(x)], where r(x) is the task-only terminal reward u[-1] by
-default (the paper writes r(x) without defining it; the reference code feeds in the task
-score). The task-only reward is >= 0 for the paper's tasks, which keeps f monotone; the full
-log-reward (``reward="log_r"``) includes kappa log P_ref < 0, and items whose gain is not
-positive are not kept, so with it the buffer can hold fewer than ``capacity`` items. Similarity
-is Jaccard on k-gram shingles of the text (or tokens) or Tanimoto on ``item.features`` (packed
-uint64 fingerprints); an item without features is dissimilar to everything. Only new x all
+s(x) = w_rew r(x) + w_val 1[valid(x)], where r(x) is the item's task score S in [0, 1]
+(``item.score``; the paper writes r(x) without defining it, the reference code feeds in the task
+score, not lambda S, which would tilt the reward/diversity balance lambda-fold) by default.
+``reward="u"`` uses the task-only terminal reward u[-1] = lambda S instead, ``"log_r"`` the full
+terminal log-reward; S >= 0 keeps f monotone, while log_r includes kappa log P_ref < 0, and items
+whose gain is not positive are not kept, so with it the buffer can hold fewer than ``capacity``
+items. ``valid`` is the task's replay validity (Expr24: correct), which gating and w_val use.
+Similarity is Jaccard on k-gram shingles of the text (or tokens) or Tanimoto on
+``item.features`` (packed uint64 fingerprints); an item without features is dissimilar to
+everything. Only new x all
 similarities are computed per refresh (``SimilarityCache.quantised``, which keeps the
 2**-15 fixed-point matrix the selection works on). ``diversity="dispersion"`` swaps the
 facility term for the reference code's dispersion rule, for comparison runs.
@@ -27,6 +30,10 @@ from raptb.core.replay.item import ReplayItem
 from raptb.core.similarity import ShingleJaccardSimilarity, TanimotoSimilarity
 from raptb.core.similarity_cache import SimilarityCache
 from raptb.core.subm import DIVERSITY, power_bin_alpha, subm_select
+
+#: SubM's static reward r(x): the task score S, the task-only terminal reward lambda S, or the
+#: full terminal log-reward.
+REWARDS = ("score", "u", "log_r")
 
 
 class SubmodularBuffer(ReplayBuffer):
@@ -51,7 +58,7 @@ class SubmodularBuffer(ReplayBuffer):
         shingle_on: str = "text",
         length_bin_size: int = 1,
         length_alpha_power: float | None = None,
-        reward: str = "u",
+        reward: str = "score",
         method: str = "lazy",
         diversity: str = "facility",
     ) -> None:
@@ -67,8 +74,8 @@ class SubmodularBuffer(ReplayBuffer):
             raise ValueError(f"shingle_on must be 'text' or 'tokens', got {shingle_on!r}")
         if length_bin_size < 1:
             raise ValueError(f"length_bin_size must be >= 1, got {length_bin_size}")
-        if reward not in ("log_r", "u"):
-            raise ValueError(f"reward must be 'log_r' or 'u', got {reward!r}")
+        if reward not in REWARDS:
+            raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
         if method not in ("standard", "lazy"):
             raise ValueError(f"method must be 'standard' or 'lazy' (deterministic), got {method!r}")
         if not 0.0 <= gating_ratio <= 1.0:
@@ -124,10 +131,20 @@ class SubmodularBuffer(ReplayBuffer):
             )
         return item.features
 
+    def _reward(self, item: ReplayItem) -> float:
+        if self.reward == "log_r":
+            return item.terminal_log_r
+        if self.reward == "u":
+            return item.terminal_u
+        if item.score is None:
+            raise ValueError(
+                f"SubM's static reward is the task score, and item {item.text!r} has none "
+                "(restored from an older checkpoint); reward='u' uses lambda S instead"
+            )
+        return item.score
+
     def _static(self, items: Sequence[ReplayItem]) -> np.ndarray:
-        r = np.array(
-            [it.terminal_log_r if self.reward == "log_r" else it.terminal_u for it in items]
-        )
+        r = np.array([self._reward(it) for it in items])
         if not np.all(np.isfinite(r)):
             raise ValueError(f"terminal {self.reward} must be finite for SubM's static score")
         return self.w_rew * r + self.w_val * np.array([it.valid for it in items], dtype=float)

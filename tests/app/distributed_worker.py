@@ -157,6 +157,7 @@ def _items(rng: np.random.Generator, count: int) -> list[ReplayItem]:
                 log_r=u,
                 u=u,
                 valid=bool(rng.random() < 0.7),
+                score=float(u[-1]),
             )
         )
     return items

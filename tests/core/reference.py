@@ -79,8 +79,9 @@ def raptb(
     target="mix",
     absorb_eps=1e-6,
     subtb_lambda=1.0,
+    absorb=True,
 ) -> tuple[float, list[float]]:
-    """Returns (loss, per-trajectory aux)."""
+    """Returns (loss, per-trajectory aux); ``absorb=False`` takes u_tgt = u (no correction)."""
     total, auxes = 0.0, []
     n = len(bt["length"])
     for b in range(n):
@@ -92,7 +93,7 @@ def raptb(
         num = den = 0.0
         for k in range(max(k_min, 1), h + 1):
             rbar = _delta(bt, b, k, 0.0) - d0
-            a = gamma ** (h - k) if abs(u[k]) <= absorb_eps else 0.0
+            a = gamma ** (h - k) if absorb and abs(u[k]) <= absorb_eps else 0.0
             rhat = rbar + (a * (u[k] - tgt[k]) if a else 0.0)
             w = subtb_lambda ** (k - k_min)
             num += w * rhat**2

@@ -74,6 +74,7 @@ raptb_hp = st.fixed_dictionaries(
         "horizon": st.none() | st.integers(1, 10),
         "target": st.sampled_from(["max", "soft", "mix"]),
         "subtb_lambda": st.floats(0.5, 1.5),
+        "absorb": st.booleans(),
     }
 )
 
@@ -193,20 +194,49 @@ def test_no_eligible_prefix_contributes_tb_only(d, log_z):
     assert diag["aux_active_frac"] == 0.0
 
 
-@settings(max_examples=30, deadline=None)
-@given(batches, log_zs, st.sampled_from(sorted(OBJECTIVES)))
-def test_zero_residual_gives_zero_loss(d, log_z, name):
-    # log_r chosen so that every prefix TB residual vanishes, with no task reward.
+def at_tb_optimum(d: dict, log_z: float, *, with_u: bool) -> dict:
+    """``d`` with log_r set so that every prefix TB residual vanishes; task rewards u kept (within
+    tau) or zeroed."""
     t = d["log_pf"].shape[1]
     cols = np.arange(t + 1)
     pf = np.where(cols[None, :t] < d["length"][:, None], d["log_pf"], 0.0)
     cum = np.concatenate([np.zeros((len(pf), 1)), np.cumsum(pf, axis=1)], axis=1)
-    pterm = np.where(cols[None, :] <= d["length"][:, None], d["log_pterm"], 0.0)
-    zero = {**d, "log_pf": pf, "log_pterm": pterm, "log_r": log_z + cum + pterm, "u": 0 * pterm}
+    prefix = cols[None, :] <= d["length"][:, None]
+    pterm = np.where(prefix, d["log_pterm"], 0.0)
+    u = np.where(prefix, d["u"], 0.0) if with_u else 0 * pterm
+    return {**d, "log_pf": pf, "log_pterm": pterm, "log_r": log_z + cum + pterm, "u": u}
+
+
+@settings(max_examples=30, deadline=None)
+@given(batches, log_zs, st.sampled_from(sorted(OBJECTIVES)))
+def test_zero_residual_gives_zero_loss(d, log_z, name):
+    # log_r chosen so that every prefix TB residual vanishes, with no task reward.
+    zero = at_tb_optimum(d, log_z, with_u=False)
     # The soft backup of an all-zero reward row is > 0 (it sums several exp(0 - rho d) terms), so
     # RapTB's absorbed residual vanishes at the TB optimum only with the max target.
     hp = {"target": "max"} if name == "raptb" else {}
     assert objective_by_name(name, **hp)(np_batch(zero), log_z)[0] == pytest.approx(0.0, abs=1e-9)
+
+
+@settings(max_examples=30, deadline=None)
+@given(batches, log_zs, st.sampled_from(["max", "soft", "mix"]))
+def test_without_absorption_the_tb_optimum_is_a_zero_of_raptb(d, log_z, target):
+    # Paper, "Fixed-point property": without absorption (u_tgt = u) the rooted residual vanishes
+    # whenever every prefix TB residual is zero, whatever the target mode; with task rewards.
+    at_optimum = at_tb_optimum(d, log_z, with_u=True)
+    raptb = objective_by_name("raptb", absorb=False, target=target, eta=1.0)
+    assert raptb(np_batch(at_optimum), log_z)[0] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_absorb_switch_changes_the_loss_as_the_reference_does():
+    d = make_batch(11, 6, 9)
+    losses = {}
+    for absorb in (True, False):
+        loss, _ = objective_by_name("raptb", absorb=absorb)(np_batch(d), 0.5)
+        want, _ = ref.raptb(d, 0.5, absorb=absorb)
+        assert close(loss, want)
+        losses[absorb] = float(loss)
+    assert losses[True] != pytest.approx(losses[False], rel=1e-6)
 
 
 def test_k_min_schedule_is_resolved_at_step():
@@ -294,6 +324,7 @@ def test_unknown_hyperparameter_lists_valid_ones():
         ({"target": "median"}, "target"),
         ({"absorb_eps": float("nan")}, "absorb_eps"),
         ({"detach_pterm": "yes"}, "detach_pterm"),
+        ({"absorb": 1}, "absorb"),
         ({"subtb_lambda": 0.0}, "subtb_lambda"),
     ],
 )
@@ -315,6 +346,7 @@ def test_every_objective_lists_its_hyperparameters():
         "detach_pterm",
         "absorb_eps",
         "subtb_lambda",
+        "absorb",
     )
     assert objective_hyperparameters("tb") == ()
 

@@ -17,6 +17,7 @@ from raptb.core.replay import (
     SubmodularBuffer,
     make_buffer,
 )
+from raptb.core.replay.item import pack_items, unpack_items
 from raptb.core.similarity import ShingleJaccardSimilarity, edit_distance, pack_bits
 from raptb.core.subm import subm_select
 
@@ -47,6 +48,7 @@ def item(tokens, r: float, prompt: str = "p", valid: bool = True, text=None, **k
     log_r = np.linspace(-5.0, r, len(tokens) + 1)
     u = np.zeros(len(tokens) + 1)
     u[-1] = r
+    kw.setdefault("score", r)
     return ReplayItem(prompt, tokens, text or "-".join(map(str, tokens)), log_r, u, valid, **kw)
 
 
@@ -239,13 +241,45 @@ def test_subm_smiles_preset_uses_fingerprints_and_dedups_canonical():
 
 
 def test_subm_reward_choice():
-    hi_u = ReplayItem("p", (1,), "a", [0.0, -50.0], [0.0, 5.0], True)
-    lo_u = ReplayItem("p", (2,), "b", [0.0, -0.1], [0.0, 0.0], True)
+    hi_u = ReplayItem("p", (1,), "a", [0.0, -50.0], [0.0, 5.0], True, score=0.1)
+    lo_u = ReplayItem("p", (2,), "b", [0.0, -0.1], [0.0, 0.0], True, score=0.0)
     by_log_r = SubmodularBuffer(capacity=1, w_div=0.0, w_len=0.0, reward="log_r")
     by_log_r.add([hi_u, lo_u])
-    by_u = SubmodularBuffer(capacity=1, w_div=0.0, w_len=0.0)  # the default: task-only u
+    by_u = SubmodularBuffer(capacity=1, w_div=0.0, w_len=0.0, reward="u")
     by_u.add([hi_u, lo_u])
     assert by_log_r.items()[0].text == "b" and by_u.items()[0].text == "a"
+    with pytest.raises(ValueError, match="reward"):
+        SubmodularBuffer(reward="lambda")
+
+
+def test_subm_static_reward_is_the_task_score_not_lambda_times_it():
+    # lambda = 50: a wrong-but-scored item (S = 1, u = 50, invalid) against a valid one with
+    # S = 0.1 (u = 5). s(x) = w_rew S + w_val 1[valid]: 1.0 vs 1.1, the valid one wins; with
+    # lambda S (the old default) 50 vs 6 it would lose.
+    scored = ReplayItem("p", (1,), "a", [0.0, 50.0], [0.0, 50.0], False, score=1.0)
+    valid = ReplayItem("p", (2,), "b", [0.0, 5.0], [0.0, 5.0], True, score=0.1)
+    buf = SubmodularBuffer(capacity=1, w_div=0.0, w_len=0.0)
+    buf.add([scored, valid])
+    assert [it.text for it in buf.items()] == ["b"]
+    assert buf.config()["reward"] == "score"
+    static = buf._static([scored, valid])
+    np.testing.assert_allclose(static, [1.0 * 1.0 + 0.0, 1.0 * 0.1 + 1.0], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="score"):
+        buf.add([ReplayItem("p", (3,), "c", [0.0, 1.0], [0.0, 1.0], True)])
+
+
+def test_items_packed_before_scores_existed_still_load():
+    items = [item([1, 2], 0.5), item([3], 0.25, score=None)]
+    packed = pack_items(items)
+    assert np.isnan(packed["score"][1])
+    restored = unpack_items(packed)
+    assert [it.score for it in restored] == [0.5, None]
+    del packed["score"]  # a checkpoint written before items carried a score
+    old = unpack_items(packed)
+    assert [it.score for it in old] == [None, None]
+    assert [it.text for it in old] == [it.text for it in items]
+    with pytest.raises(ValueError, match="score"):
+        item([1], 0.5, score=float("nan"))
 
 
 def test_oracle_draws_uniformly_from_given_items():
@@ -271,7 +305,9 @@ def test_state_dict_roundtrip_restores_identical_sampling(kind, kwargs):
     rng = np.random.default_rng(3)
     fps = pack_bits(rng.random((60, 128)) < 0.1)
     items = [
-        ReplayItem(it.prompt, it.tokens, it.text, it.log_r, it.u, it.valid, features=fps[i])
+        ReplayItem(
+            it.prompt, it.tokens, it.text, it.log_r, it.u, it.valid, features=fps[i], score=it.score
+        )
         for i, it in enumerate(_expr_items(rng, 30) + _expr_items(rng, 30, prompt="q"))
     ]
     buf = make_buffer(kind, **kwargs)
