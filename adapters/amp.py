@@ -75,15 +75,16 @@ class AmpTask:
         """The single conditioning prompt."""
         return [self.prompt]
 
-    def score_batch(self, texts: Sequence[str]) -> list[Score]:
-        """Terminal scores of ``texts``: one oracle call on the distinct valid unseen peptides."""
+    def score_batch(self, prompt: str, texts: Sequence[str]) -> list[Score]:
+        """Terminal scores of ``texts`` (prompt unused): one oracle call on the distinct valid
+        unseen peptides (the trainer's reward caller batches through it)."""
         peptides = [t for t in texts if is_peptide(t)]
         probability = dict(zip(peptides, self._oracle(peptides), strict=True))
         return [Score(probability[t], True) if t in probability else _INVALID for t in texts]
 
     def score(self, prompt: str, text: str) -> Score:
         """S(text) = oracle probability (prompt unused); invalid (0) outside the alphabet."""
-        return self.score_batch([text])[0]
+        return self.score_batch(prompt, [text])[0]
 
     def prefix_score(self, prompt: str, text: str) -> Score:
         """u_k = 0 for a prefix that is not the sample's last (terminal-only reward)."""

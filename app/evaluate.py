@@ -141,7 +141,7 @@ def _sample_rows(
                 strict=True,
             )
             for tokens, tau, log_pf, log_pterm, text in columns:
-                prefix_scores = [scorer.score_text(prompt, t) for t in scorer.texts(tokens[:tau])]
+                prefix_scores = scorer.prefix_scores(prompt, scorer.texts(tokens[:tau]))
                 score = prefix_scores[-1]  # the full prefix is the sample's text
                 correct = spec.is_correct(score)
                 hits += correct
