@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from raptb.adapters.amp_metrics import TOP_K
 from raptb.adapters.amp_oracle import (
     MACREL_ORACLE,
     CheckedOracle,
@@ -56,6 +57,7 @@ class AmpTask:
     min_length: int = 5
     max_length: int = 50
     prompt: str = DEFAULT_PROMPT
+    top_k: int = TOP_K  # evaluation's top-k (amp_metrics); the reward does not use it
     name: str = field(default="amp", init=False)
     alphabet: str = field(default=AMINO_ACIDS, init=False)
     grammar: str = field(default_factory=amp_grammar, init=False)
@@ -63,6 +65,8 @@ class AmpTask:
 
     def __post_init__(self) -> None:
         check_length_bounds(self.min_length, self.max_length)
+        if self.top_k < 1:
+            raise ValueError(f"amp.top_k: must be >= 1, got {self.top_k}")
         if self.oracle == MACREL_ORACLE:
             require_macrel()  # fail at construction, with the install hint, not mid-training
         if isinstance(self.oracle, str):

@@ -12,7 +12,8 @@ Outputs under ``RUN_DIR/eval/``:
                     (tau), valid (the text is well-formed), correct (the task's success, from
                     its spec: Expr24 valid and equal to 24, other tasks valid), score (S(x)),
                     log_pterm_stop
-                    (= log_pterm[tau]), and per step log_pf [tau], log_pterm [tau+1] (raw,
+                    (= log_pterm[tau]; for CommonGen also ref_log_pterm_stop, the reference
+                    model's), and per step log_pf [tau], log_pterm [tau+1] (raw,
                     untempered model log-probs) and u [tau+1] (the task part lambda * S of the
                     per-prefix log-reward; the reference term kappa * log P_ref is not
                     recomputed), so every metric can be recomputed offline
@@ -56,7 +57,7 @@ from raptb.app.plots import (
     plot_score_by_length,
     plot_training_curves,
 )
-from raptb.app.runtime import PrefixScorer, build_policy, build_task
+from raptb.app.runtime import PrefixScorer, build_policy, build_task, pad_rows
 from raptb.core.ports import Task
 
 EVAL_DIR = "eval"
@@ -117,16 +118,15 @@ def _sample_rows(
 ) -> list[dict[str, Any]]:
     """Draw and score ``samples`` trajectories; one JSON-ready dict per sample."""
     generator = torch.Generator(device=policy.device).manual_seed(seed)
-    prompts = task.prompts()
+    chunks = _chunks(task.prompts(), samples, batch_size, per_prompt=spec.eval_per_prompt)
     rows: list[dict[str, Any]] = []
     hits = 0
     with _progress(progress) as bar:
-        job = bar.add_task("sampling", total=samples)
-        for chunk, start in enumerate(range(0, samples, batch_size)):
-            prompt = prompts[chunk % len(prompts)]
+        job = bar.add_task("sampling", total=sum(n for _, n in chunks))
+        for prompt, n in chunks:
             rollout = policy.sample(
                 prompt,
-                min(batch_size, samples - start),
+                n,
                 min_length=task.min_length,
                 max_length=task.max_length,
                 temperature=1.0,
@@ -166,6 +166,49 @@ def _sample_rows(
     return rows
 
 
+def _chunks(
+    prompts: list[str], samples: int, batch_size: int, *, per_prompt: bool
+) -> list[tuple[str, int]]:
+    """(prompt, rows) of each sampling chunk: ``samples`` in all, chunks cycling through the
+    prompts; with ``per_prompt``, ``samples`` for every prompt, prompt after prompt."""
+    if per_prompt:
+        return [
+            (prompt, min(batch_size, samples - start))
+            for prompt in prompts
+            for start in range(0, samples, batch_size)
+        ]
+    return [
+        (prompts[chunk % len(prompts)], min(batch_size, samples - start))
+        for chunk, start in enumerate(range(0, samples, batch_size))
+    ]
+
+
+@torch.no_grad()
+def _add_reference_pterm(
+    rows: list[dict[str, Any]], reference: HFPolicy, *, adapter: bool, batch_size: int
+) -> None:
+    """Add ``ref_log_pterm_stop`` to each row: the reference model's log p_term at its stop.
+
+    adapter: ``reference`` is the trained LoRA policy, scored with its adapter disabled;
+    otherwise it is a policy on the run's initial weights, scored as it is.
+    """
+    score = reference.reference_score if adapter else reference.score
+    reference.model.eval()
+    by_prompt: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_prompt.setdefault(row["prompt"], []).append(row)
+    for prompt, group in by_prompt.items():
+        for start in range(0, len(group), batch_size):
+            chunk = group[start : start + batch_size]
+            width = max(1, max(r["length"] for r in chunk))
+            tokens = pad_rows([r["tokens"] for r in chunk], width, reference.pad_id)
+            length = torch.tensor([r["length"] for r in chunk], dtype=torch.long)
+            _, log_pterm = score(prompt, tokens, length)
+            stop = log_pterm.gather(1, length.to(log_pterm.device)[:, None])[:, 0]
+            for row, value in zip(chunk, stop.float().cpu().tolist(), strict=True):
+                row["ref_log_pterm_stop"] = value
+
+
 def _write_text(path: Path, text: str) -> None:
     """Write via a temporary sibling and rename, so an interrupted run leaves no torn file."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -201,7 +244,8 @@ def evaluate(
 ) -> dict[str, Any]:
     """Evaluate the latest checkpoint of ``run_dir``; write samples, metrics and plots.
 
-    samples: N, default the run's ``eval_samples`` (else the task's default). Returns the dict
+    samples: N, default the run's ``eval_samples`` (else the task's default); per prompt for a
+    task whose spec sets ``eval_per_prompt`` (CommonGen). Returns the dict
     written to metrics.json.
     When the run's config sets ``threads``, torch's (process-wide) thread count is set to it.
 
@@ -237,6 +281,10 @@ def evaluate(
     rows = _sample_rows(
         policy, task, spec, scorer, samples=n, seed=seed, batch_size=batch_size, progress=progress
     )
+    if spec.reference_pterm:
+        adapter = bool(config.lora.rank)
+        reference = policy if adapter else build_policy(config.model, task, config.seed)
+        _add_reference_pterm(rows, reference, adapter=adapter, batch_size=batch_size)
     metrics = spec.metrics(task, rows)
     metrics["eval"] = {
         "checkpoint": checkpoint.name,
@@ -278,7 +326,10 @@ def _cell(value: float) -> str:
 
 
 def _samples_help() -> str:
-    defaults = ", ".join(f"{name} {task_spec(name).eval_samples}" for name in task_names())
+    defaults = ", ".join(
+        f"{name} {task_spec(name).eval_samples}{' per prompt' * task_spec(name).eval_per_prompt}"
+        for name in task_names()
+    )
     return f"Number of samples N. Default: the run's eval_samples, else the task's ({defaults})."
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from raptb.adapters.lora import apply_lora, load_adapter_weights, preferred_dtype
 from raptb.adapters.models import load_model_and_tokenizer
@@ -65,7 +66,7 @@ def build_policy(
             load_adapter_weights(model, adapter)
     elif adapter is not None:
         raise ValueError("adapter: loading adapter weights needs lora.rank")
-    stop_id = stop_token_id(tokenizer)
+    stop_id = _stop_id(tokenizer, getattr(task, "stop", None))
     legal = legal_token_ids(tokenizer, task.alphabet, stop_id=stop_id)
     return HFPolicy(
         model,
@@ -75,6 +76,16 @@ def build_policy(
         grammar=task.grammar,
         grammar_threads=default_grammar_threads(device),
     )
+
+
+def _stop_id(tokenizer: PreTrainedTokenizerBase, stop: str | None) -> int:
+    """The task's stop token (CommonGen's ".") where the tokenizer has it as one token, else EOS."""
+    if stop is not None:
+        try:
+            return stop_token_id(tokenizer, stop)
+        except ValueError:
+            _log.info("stop %r is not one token of this tokenizer; stopping at EOS", stop)
+    return stop_token_id(tokenizer)
 
 
 # Entries of the prefix-score cache for a task that declares no ``score_cache_size``: a long run

@@ -84,6 +84,8 @@ def train_command(
     threads: Annotated[int | None, _flag("threads")] = None,
     lora_rank: Annotated[int | None, _flag("lora.rank")] = None,
     scaffolds: Annotated[Path | None, _flag("smiles.scaffolds")] = None,
+    prompts: Annotated[str | None, _flag("commongen.prompts")] = None,
+    oracle: Annotated[str | None, _flag("amp.oracle")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Train a GFlowNet sampler (defaults: the paper's Expr24 setting, embedded tiny model)."""
@@ -103,6 +105,8 @@ def train_command(
         "threads": threads,
         "lora.rank": lora_rank,
         "smiles.scaffolds": scaffolds,
+        "commongen.prompts": prompts,
+        "amp.oracle": oracle,
     }
     if resume and overwrite:
         raise _fail("--resume and --overwrite exclude each other")
