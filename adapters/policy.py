@@ -297,8 +297,13 @@ class HFPolicy:
         return temp
 
     def _forward_log_probs(
-        self, model: PreTrainedModel, prompt: str, tokens: torch.Tensor, length: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self,
+        model: PreTrainedModel,
+        prompt: str,
+        tokens: torch.Tensor,
+        length: torch.Tensor,
+        hidden: bool = False,
+    ) -> tuple[torch.Tensor, ...]:
         if tokens.ndim != 2:
             raise ValueError(f"tokens: expected shape [B, T], got {tuple(tokens.shape)}")
         b, big_t = tokens.shape
@@ -319,20 +324,36 @@ class HFPolicy:
         input_ids = torch.cat(
             [torch.tensor([prompt_ids], device=device).expand(b, -1), body], dim=1
         )
-        logits = model(
-            input_ids=input_ids, attention_mask=torch.ones_like(input_ids), use_cache=False
-        ).logits[:, len(prompt_ids) - 1 :, :]
+        out = model(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            use_cache=False,
+            output_hidden_states=hidden,
+        )
+        logits = out.logits[:, len(prompt_ids) - 1 :, :]
         next_tokens = torch.cat([body, torch.full_like(body[:, :1], self.stop_id)], dim=1)
         token_lp, stop_lp = _log_probs(logits, next_tokens, self.stop_id)
         log_pf = torch.where(token_mask, token_lp[:, :big_t], 0.0)
-        return log_pf, torch.where(prefix_mask, stop_lp, 0.0)
+        log_pterm = torch.where(prefix_mask, stop_lp, 0.0)
+        return (log_pf, log_pterm, out.hidden_states[-1]) if hidden else (log_pf, log_pterm)
 
     def score(
         self, prompt: str, tokens: torch.Tensor, length: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced ``(log_pf [B, T], log_pterm [B, T+1])`` of given trajectories, one forward
         pass with gradients (the values the loss trains through)."""
-        return self._forward_log_probs(self.model, prompt, tokens, length)
+        log_pf, log_pterm = self._forward_log_probs(self.model, prompt, tokens, length)
+        return log_pf, log_pterm
+
+    def score_with_hidden(
+        self, prompt: str, tokens: torch.Tensor, length: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``score`` plus the last layer's hidden states [B, P + T, H] of the same forward pass
+        (P = ``len(prompt_ids(prompt))``), for a value head on the policy's backbone."""
+        log_pf, log_pterm, hidden = self._forward_log_probs(
+            self.model, prompt, tokens, length, hidden=True
+        )
+        return log_pf, log_pterm, hidden
 
     @torch.no_grad()
     def reference_score(
@@ -348,10 +369,12 @@ class HFPolicy:
             self.model.eval()
             try:
                 with self.model.disable_adapter():
-                    return self._forward_log_probs(self.model, prompt, tokens, length)
+                    ref_pf, ref_pterm = self._forward_log_probs(self.model, prompt, tokens, length)
             finally:
                 self.model.train(was_training)
-        return self._forward_log_probs(self.freeze_reference(), prompt, tokens, length)
+            return ref_pf, ref_pterm
+        ref_pf, ref_pterm = self._forward_log_probs(self.freeze_reference(), prompt, tokens, length)
+        return ref_pf, ref_pterm
 
     def freeze_reference(self) -> PreTrainedModel:
         """The frozen copy of a non-peft model used as the reference, taken on the first call.

@@ -34,10 +34,23 @@ from pydantic import (
 
 from raptb.adapters.registry import TaskOptions, task_names, task_spec
 from raptb.app.durable import write_atomically
+from raptb.core.grpo import GRPO
 from raptb.core.objectives import RapTB, objective_hyperparameters
+from raptb.core.ppo import PPO
+from raptb.core.rl_objectives import rl_objective_hyperparameters
 from raptb.core.schedules import LinearSchedule
 
-LossName = Literal["tb", "subtb", "raptb", "avg_prefix_tb", "root_subtb_logz", "vargrad"]
+LossName = Literal[
+    "tb", "subtb", "raptb", "avg_prefix_tb", "root_subtb_logz", "vargrad", "grpo", "ppo"
+]
+RL_LOSSES = ("grpo", "ppo")
+"""The reward-maximising baselines (app.rl_train): no logZ, no replay, rollouts at temperature 1."""
+RL_PRESET: dict[str, Any] = {"replay": {"kind": "none"}}
+"""What an RL loss sets under the file and the flags (an explicit replay other than none is an
+error)."""
+# CISPO's upper clip of the importance weight when epsilon_high is not given: ScaleRL's value
+# (TRL recommends it; its own default, epsilon, would cap every weight at 0.2)
+CISPO_EPSILON_HIGH = 5.0
 ReplayName = Literal["none", "rp", "prt", "subm", "oracle"]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -49,14 +62,25 @@ TemperaturePair = tuple[Positive, Positive]
 """A linear schedule (start, end) of sampling temperatures."""
 DEFAULT_TASK = "expr24"
 _RAPTB_DEFAULTS = {f.name: f.default for f in fields(RapTB)}
+# TRL's defaults as core writes them (the names the two share are not in the [rl] section)
+_RL_DEFAULTS = {f.name: f.default for cls in (PPO, GRPO) for f in fields(cls)}
+
+
+def _core_default(defaults: dict[str, Any], name: str, description: str, **constraints: Any) -> Any:
+    default = defaults[name]
+    if isinstance(default, float):
+        constraints.setdefault("allow_inf_nan", False)
+    return Field(default, description=description, **constraints)
 
 
 def _raptb(name: str, description: str, **constraints: Any) -> Any:
     """A field whose default is core RapTB's (the paper's Expr24 column), so it is written once."""
-    default = _RAPTB_DEFAULTS[name]
-    if isinstance(default, float):
-        constraints.setdefault("allow_inf_nan", False)
-    return Field(default, description=description, **constraints)
+    return _core_default(_RAPTB_DEFAULTS, name, description, **constraints)
+
+
+def _trl(name: str, description: str, **constraints: Any) -> Any:
+    """A field whose default is core GRPO's or PPO's (TRL's), so it is written once."""
+    return _core_default(_RL_DEFAULTS, name, description, **constraints)
 
 
 class _Section(BaseModel):
@@ -186,6 +210,44 @@ class LoraConfig(_Section):
     dropout: Annotated[float, Field(ge=0, lt=1)] = Field(0.1, description="LoRA dropout.")
 
 
+class RLConfig(_Section):
+    """PPO and GRPO (``--loss ppo|grpo``): TRL's names and defaults (core.grpo, core.ppo)."""
+
+    reward: Literal["task", "log_r"] = Field(
+        "task",
+        description="Sequence reward: 'task' = u at the stop (lambda * S of the finished text), "
+        "'log_r' = log R at the stop (adds kappa log P_ref).",
+    )
+    num_generations: int = _trl(
+        "num_generations", "GRPO: samples per group (batch_size must be a multiple).", ge=2
+    )
+    scale_rewards: Literal["group", "batch", "none"] = _trl(
+        "scale_rewards", "GRPO: divide advantages by the group's or batch's reward std, or not."
+    )
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"] = _trl(
+        "loss_type", "GRPO: loss aggregation (TRL's loss_type)."
+    )
+    epsilon: float = _trl("epsilon", "GRPO: lower clip range of the importance ratio.", ge=0)
+    epsilon_high: float | None = Field(
+        None,
+        description="GRPO: upper clip range (None: epsilon; cispo: 5.0, the ScaleRL value).",
+        ge=0,
+        allow_inf_nan=False,
+    )
+    beta: float = _trl("beta", "GRPO: weight of the k3 KL penalty to the reference.", ge=0)
+    importance_sampling_level: Literal["token", "sequence"] = _trl(
+        "importance_sampling_level", "GRPO: one ratio per token, or per sequence (GSPO)."
+    )
+    cliprange: float = _trl("cliprange", "PPO: clip range of the policy ratio.", ge=0)
+    cliprange_value: float = _trl("cliprange_value", "PPO: clip range of the value.", ge=0)
+    vf_coef: float = _trl("vf_coef", "PPO: weight of the value loss.", ge=0)
+    kl_coef: float = _trl("kl_coef", "PPO: per-token KL penalty in the rewards.", ge=0)
+    kl_estimator: Literal["k1", "k3"] = _trl("kl_estimator", "PPO: KL estimator.")
+    gamma: float = _trl("gamma", "PPO: discount.", ge=0, le=1)
+    lam: float = _trl("lam", "PPO: GAE lambda.", ge=0, le=1)
+    whiten_rewards: bool = _trl("whiten_rewards", "PPO: whiten the token rewards.")
+
+
 class TrainConfig(_Section):
     """One run. Task sections (``[smiles]``, ``[custom]``, ...) come from the task registry:
     :func:`config_model` adds one field per registered task; :meth:`task_options` reads the run's.
@@ -196,7 +258,8 @@ class TrainConfig(_Section):
     )
     loss: LossName = Field(
         "raptb",
-        description="Objective: tb, subtb, raptb, avg_prefix_tb, root_subtb_logz, vargrad.",
+        description="Objective: tb, subtb, raptb, avg_prefix_tb, root_subtb_logz, vargrad; or "
+        "the RL baselines grpo, ppo ([rl] section).",
     )
     model: str = Field(
         "tiny",
@@ -228,6 +291,7 @@ class TrainConfig(_Section):
     replay: ReplayConfig = Field(ReplayConfig(), description="Replay.")
     reward: RewardConfig = Field(RewardConfig(), description="Reward.")
     lora: LoraConfig = Field(LoraConfig(), description="LoRA.")
+    rl: RLConfig = Field(RLConfig(), description="RL baselines (PPO, GRPO).")
 
     @field_validator("task")
     @classmethod
@@ -242,6 +306,25 @@ class TrainConfig(_Section):
             if getattr(options, name) is None:
                 raise ValueError(f"task {self.task!r} needs {self.task}.{name}")
         return self
+
+    @model_validator(mode="after")
+    def _rl_without_replay(self) -> TrainConfig:
+        if self.loss in RL_LOSSES and self.replay.kind != "none":
+            raise ValueError(f"--loss {self.loss} trains on-policy: it takes replay 'none' only")
+        if self.loss == "grpo" and self.optim.batch_size % self.rl.num_generations:
+            raise ValueError(
+                f"batch_size {self.optim.batch_size} must be a multiple of "
+                f"rl.num_generations {self.rl.num_generations} (whole GRPO groups)"
+            )
+        return self
+
+    def rl_objective_kwargs(self) -> dict[str, Any]:
+        """Hyperparameters for ``rl_objective_by_name(self.loss, ...)``: only those it takes."""
+        values = self.rl.model_dump()
+        if values["loss_type"] == "cispo" and values["epsilon_high"] is None:
+            values["epsilon_high"] = CISPO_EPSILON_HIGH
+        taken = rl_objective_hyperparameters(self.loss)
+        return {k: v for k, v in values.items() if k in taken}
 
     def task_options(self) -> TaskOptions:
         """The options of the run's task (its section, or the section's defaults)."""
@@ -340,6 +423,8 @@ def build_config(file: Path | None = None, overrides: dict[str, Any] | None = No
     data = _merge(task_presets(data.get("task", DEFAULT_TASK)), data)
     if data.get("model", "tiny") != "tiny":
         data = _merge(PRETRAINED_PRESET, data)
+    if data.get("loss") in RL_LOSSES:
+        data = _merge(RL_PRESET, data)
     try:
         return config_model().model_validate(data)
     except ValidationError as exc:

@@ -19,6 +19,7 @@ from pydantic.fields import FieldInfo
 from raptb.adapters.registry import task_names, task_spec
 from raptb.app.config import (
     PRETRAINED_PRESET,
+    RL_PRESET,
     TrainConfig,
     build_config,
     config_toml,
@@ -88,6 +89,7 @@ def default_text(path: str, tasks: Sequence[str] | None = None) -> str | None:
     names = task_names() if tasks is None else tasks
     presets = [(name, _lookup(task_presets(name), path)) for name in names]
     presets.append(("pretrained models", _lookup(PRETRAINED_PRESET, path)))
+    presets.append(("grpo, ppo", _lookup(RL_PRESET, path)))
     changed = [f"{name}: {_format(v)}" for name, v in presets if v is not None and v != default]
     if default is None and not changed:
         return None

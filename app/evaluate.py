@@ -6,6 +6,11 @@ training constraints (the task's legal tokens, grammar and min/max length), draw
 N and batch size give the same samples; a different batch size gives a different (equally valid)
 draw, because rows of a chunk share the generator in lock step.
 
+Launched on several processes (``accelerate launch -m raptb eval RUN_DIR``), rank r samples
+chunks r, r + world, ... with the generator seeded by ``app.distributed.sampling_seed(seed, r)``;
+the rows are gathered in chunk order (each tagged with its ``rank``), so N is the same total, and
+rank 0 alone computes the metrics and writes. One process draws exactly what it always drew.
+
 Outputs under ``RUN_DIR/eval/``:
 
     samples.jsonl   one object per sample: prompt, text, tokens (ids before the stop), length
@@ -50,6 +55,7 @@ from raptb.adapters.policy import HFPolicy
 from raptb.adapters.registry import TaskSpec, task_names, task_spec
 from raptb.app.checkpoint import MODEL_DIR, PREFIX, CheckpointError, newest_usable
 from raptb.app.config import ConfigError, TrainConfig, load_config
+from raptb.app.distributed import DistContext, dist_rank, sampling_seed
 from raptb.app.plots import (
     plot_length_histogram,
     plot_metric_by_length,
@@ -115,15 +121,22 @@ def _sample_rows(
     seed: int,
     batch_size: int,
     progress: bool,
+    dist: DistContext,
 ) -> list[dict[str, Any]]:
-    """Draw and score ``samples`` trajectories; one JSON-ready dict per sample."""
-    generator = torch.Generator(device=policy.device).manual_seed(seed)
+    """Draw and score ``samples`` trajectories (this rank's chunks, then gathered from all
+    ranks in chunk order); one JSON-ready dict per sample."""
+    generator = torch.Generator(device=policy.device).manual_seed(sampling_seed(seed, dist.rank))
     chunks = _chunks(task.prompts(), samples, batch_size, per_prompt=spec.eval_per_prompt)
+    mine = [chunk for chunk in range(len(chunks)) if chunk % dist.world_size == dist.rank]
+    by_chunk: list[tuple[int, list[dict[str, Any]]]] = []
     rows: list[dict[str, Any]] = []
     hits = 0
-    with _progress(progress) as bar:
-        job = bar.add_task("sampling", total=sum(n for _, n in chunks))
-        for prompt, n in chunks:
+    share = sum(chunks[chunk][1] for chunk in mine)
+    with _progress(progress and dist.is_main) as bar:
+        job = bar.add_task("sampling", total=share)
+        for chunk in mine:
+            prompt, n = chunks[chunk]
+            by_chunk.append((chunk, []))
             rollout = policy.sample(
                 prompt,
                 n,
@@ -145,25 +158,30 @@ def _sample_rows(
                 score = prefix_scores[-1]  # the full prefix is the sample's text
                 correct = spec.is_correct(score)
                 hits += correct
-                rows.append(
-                    {
-                        "prompt": prompt,
-                        "text": text,
-                        "tokens": tokens[:tau],
-                        "length": tau,
-                        "valid": score.valid,
-                        "correct": correct,
-                        "score": score.value,
-                        "log_pterm_stop": log_pterm[tau],
-                        "log_pf": log_pf[:tau],
-                        "log_pterm": log_pterm[: tau + 1],
-                        "u": [scorer.reward_scale * s.value for s in prefix_scores],
-                    }
-                )
+                row = {
+                    "prompt": prompt,
+                    "text": text,
+                    "tokens": tokens[:tau],
+                    "length": tau,
+                    "valid": score.valid,
+                    "correct": correct,
+                    "score": score.value,
+                    "log_pterm_stop": log_pterm[tau],
+                    "log_pf": log_pf[:tau],
+                    "log_pterm": log_pterm[: tau + 1],
+                    "u": [scorer.reward_scale * s.value for s in prefix_scores],
+                }
+                if dist.world_size > 1:
+                    row["rank"] = dist.rank
+                rows.append(row)
+                by_chunk[-1][1].append(row)
             bar.update(
                 job, completed=len(rows), description=f"sampling (acc {hits / len(rows):.3f})"
             )
-    return rows
+    if dist.world_size == 1:
+        return rows
+    gathered = sorted(pair for rank in dist.all_gather_object(by_chunk) for pair in rank)
+    return [row for _, chunk_rows in gathered for row in chunk_rows]
 
 
 def _chunks(
@@ -241,8 +259,12 @@ def evaluate(
     seed: int = 0,
     batch_size: int = DEFAULT_BATCH_SIZE,
     progress: bool = True,
+    dist: DistContext | None = None,
 ) -> dict[str, Any]:
     """Evaluate the latest checkpoint of ``run_dir``; write samples, metrics and plots.
+
+    dist: the processes sharing the sampling (default: from the launcher's environment); rank 0
+        writes, every rank returns the metrics.
 
     samples: N, default the run's ``eval_samples`` (else the task's default); per prompt for a
     task whose spec sets ``eval_per_prompt`` (CommonGen). Returns the dict
@@ -259,7 +281,10 @@ def evaluate(
         raise EvalError(f"samples: must be >= 1, got {samples}")
     if batch_size < 1:
         raise EvalError(f"batch_size: must be >= 1, got {batch_size}")
-    config, checkpoint = _load_run(run_dir)
+    dist = DistContext.from_accelerate() if dist is None else dist
+    # rank 0 checks the run and chooses the checkpoint; the others read the config it validated
+    checkpoint = dist.on_main(lambda: _load_run(run_dir)[1])
+    config = load_config(run_dir / "config.toml")
     if config.threads is not None:
         # the run's own thread setting: on a few shared cores a small model samples several times
         # faster on one thread than on all of them
@@ -270,21 +295,55 @@ def evaluate(
         if is_adapter_folder(checkpoint / "model"):
             # a LoRA checkpoint holds the adapter only: rebuild the base, then load it
             policy = build_policy(
-                config.model, task, config.seed, lora=config.lora, adapter=checkpoint / "model"
+                config.model,
+                task,
+                config.seed,
+                lora=config.lora,
+                adapter=checkpoint / "model",
+                device=dist.device,
             )
         else:
-            policy = build_policy(str(checkpoint / "model"), task, config.seed)
+            policy = build_policy(str(checkpoint / "model"), task, config.seed, device=dist.device)
     except ValueError as exc:
         raise EvalError(f"checkpoint: {checkpoint}: {exc}") from exc
     scorer = PrefixScorer(task, policy, config.reward.reward_scale)
     n = config.eval_sample_count if samples is None else samples
     rows = _sample_rows(
-        policy, task, spec, scorer, samples=n, seed=seed, batch_size=batch_size, progress=progress
+        policy,
+        task,
+        spec,
+        scorer,
+        samples=n,
+        seed=seed,
+        batch_size=batch_size,
+        progress=progress,
+        dist=dist,
     )
-    if spec.reference_pterm:
+    if spec.reference_pterm and dist.is_main:
         adapter = bool(config.lora.rank)
-        reference = policy if adapter else build_policy(config.model, task, config.seed)
+        reference = (
+            policy if adapter else build_policy(config.model, task, config.seed, device=dist.device)
+        )
         _add_reference_pterm(rows, reference, adapter=adapter, batch_size=batch_size)
+    return dist.on_main(
+        lambda: _write_eval(
+            run_dir, checkpoint, config, spec, task, rows, seed, batch_size, dist.world_size
+        )
+    )
+
+
+def _write_eval(
+    run_dir: Path,
+    checkpoint: Path,
+    config: TrainConfig,
+    spec: TaskSpec,
+    task: Task,
+    rows: list[dict[str, Any]],
+    seed: int,
+    batch_size: int,
+    processes: int,
+) -> dict[str, Any]:
+    """The metrics of ``rows``, written with the samples and plots to ``run_dir``/eval."""
     metrics = spec.metrics(task, rows)
     metrics["eval"] = {
         "checkpoint": checkpoint.name,
@@ -294,6 +353,8 @@ def evaluate(
         "batch_size": batch_size,
         "temperature": 1.0,
     }
+    if processes > 1:
+        metrics["eval"]["processes"] = processes
     out = eval_dir(run_dir)
     out.mkdir(exist_ok=True)
     _write_text(out / SAMPLES_FILE, "".join(json.dumps(r) + "\n" for r in rows))
@@ -369,8 +430,11 @@ def eval_command(
     try:
         metrics = evaluate(run_dir, samples=samples, seed=seed, batch_size=batch_size)
     except (EvalError, ConfigError) as exc:
-        typer.echo(f"error: {exc}", err=True)
+        if dist_rank() == 0:
+            typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    if dist_rank() != 0:
+        return None  # rank 0 reports
     out = eval_dir(run_dir)
     if json_output:
         typer.echo((out / METRICS_FILE).read_text(encoding="utf-8"), nl=False)

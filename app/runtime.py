@@ -46,15 +46,19 @@ def build_policy(
     *,
     lora: LoraConfig | None = None,
     adapter: Path | None = None,
+    device: torch.device | None = None,
 ) -> HFPolicy:
     """The task's constrained policy on ``model_name`` ('tiny', 'smollm2-135m', a local directory
     or an HF id), on the GPU when there is one (bf16 where supported).
 
     lora: with ``lora.rank`` >= 1, the model is wrapped with LoRA adapters (adapters.lora);
         ``adapter``, a folder written by ``save_pretrained``, then supplies their trained weights.
+    device: where the model lives (a launched process's own GPU); default the GPU when there is
+        one, else the CPU.
     """
     torch.manual_seed(seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device is None:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = preferred_dtype(device)
     model, tokenizer = load_model_and_tokenizer(
         model_name, seed=seed, dtype=None if dtype == torch.float32 else dtype

@@ -17,6 +17,9 @@ The micro-batch itself is the four stages of ``raptb.app.step`` (collect, reward
 update); this module schedules them and owns the optimizer, checkpoints and logging.
 
 logZ is a float32 scalar in its own AdamW parameter group with its own learning rate.
+
+Launched on several processes (``accelerate launch -m raptb train``), each rank trains on its
+share of every micro-batch; app.distributed states the rules and supplies the hooks used here.
 """
 
 from __future__ import annotations
@@ -25,27 +28,31 @@ import json
 import random
 import signal
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-from transformers import AutoModelForCausalLM
 
-from raptb.adapters.lora import is_peft_model, load_adapter_weights
+from raptb.adapters.lora import is_peft_model
 from raptb.adapters.registry import task_spec
 from raptb.app.checkpoint import (
     checkpoint_step,
     latest_checkpoint,
     newest_usable,
-    read_state,
-    save_atomically,
-    write_state,
 )
 from raptb.app.config import TrainConfig, save_config
+from raptb.app.distributed import (
+    DistContext,
+    RankSlice,
+    combine_micro_batch,
+    gather_items,
+    per_rank_batch,
+    sampling_seed,
+)
 from raptb.app.resume import check_steps
 from raptb.app.reward_calls import RewardCaller
 from raptb.app.run_log import cut_log, log_path
@@ -59,6 +66,8 @@ from raptb.app.step import (
     replay_items,
     reward,
 )
+from raptb.app.train_progress import bar_fields, progress_bar
+from raptb.app.train_state import load_trainer_state, save_trainer_state
 from raptb.core.objectives import objective_by_name
 from raptb.core.replay import ReplayBuffer, ReplayItem, make_buffer
 from raptb.core.schedules import LinearSchedule
@@ -99,14 +108,20 @@ class Trainer:
         resume: bool = False,
         progress: bool = True,
         console: Console | None = None,
+        dist: DistContext | None = None,
     ) -> None:
         self.cfg = config
+        self.dist = DistContext.from_accelerate() if dist is None else dist
+        self.rank_batch = per_rank_batch(config.optim.batch_size, self.dist.world_size)
         self.run_dir = Path(run_dir)
         self.console = console or Console(stderr=True)
         self.show_progress = progress
         if config.threads is not None:
             torch.set_num_threads(config.threads)
-        checkpoint = newest_usable(self.run_dir, self._warn) if resume else None
+        # rank 0 verifies and chooses, so every rank loads the same checkpoint
+        checkpoint = (
+            self.dist.on_main(lambda: newest_usable(self.run_dir, self.warn)) if resume else None
+        )
         if resume and checkpoint is None:
             raise TrainingError(f"--resume: no checkpoint in {self.run_dir / 'checkpoints'}")
         if checkpoint is not None:
@@ -115,7 +130,9 @@ class Trainer:
         random.seed(config.seed)
         torch.manual_seed(config.seed)
         self.task = build_task(config)
-        self.policy = build_policy(config.model, self.task, config.seed, lora=config.lora)
+        self.policy = build_policy(
+            config.model, self.task, config.seed, lora=config.lora, device=self.dist.device
+        )
         # with LoRA the reference is the same weights with the adapter disabled: no copy
         if config.reward.kappa > 0 and not is_peft_model(self.policy.model):
             self.policy.freeze_reference()  # the base weights, before any update or resume
@@ -124,10 +141,11 @@ class Trainer:
             workers=config.reward.workers,
             name=getattr(config.task_options(), "reward", None),
             max_failed_steps=config.reward.max_failed_steps,
-            warn=self._warn,
+            warn=self.warn,
         )
         self.scorer = PrefixScorer(self.task, self.policy, config.reward.reward_scale, self.rewards)
         self.log_z = torch.nn.Parameter(torch.tensor(config.optim.log_z_init, dtype=torch.float32))
+        self.objective = self._build_objective()
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             [
@@ -137,9 +155,9 @@ class Trainer:
                     "weight_decay": config.optim.weight_decay,
                 },
                 {"params": [self.log_z], "lr": config.optim.log_z_lr, "weight_decay": 0.0},
+                *self._extra_param_groups(),
             ]
         )
-        self.objective = objective_by_name(config.loss, **config.objective_kwargs())
         horizon = config.schedule_horizon
         self.p_replay = LinearSchedule(*config.replay.p_replay, horizon)
         self.p_oracle = LinearSchedule(*config.replay.p_oracle, horizon)
@@ -147,9 +165,15 @@ class Trainer:
         self.temp_hi = LinearSchedule(*config.sampling.temp_hi, horizon)
         self.buffer = self._build_buffer()
         self.oracle = self.buffer if config.replay.kind == "oracle" else None
+        self.draws = None if self.buffer is None else RankSlice(self.buffer, self.dist)
 
+        # shared by all ranks: the behaviour mix and replay draws (split by RankSlice)
         self.rng = np.random.default_rng(config.seed)
-        self.generator = torch.Generator(device=self.policy.device).manual_seed(config.seed)
+        # per rank: rollouts and dropout; rank 0 keeps the single-process streams
+        self.sampling_seed = sampling_seed(config.seed, self.dist.rank)
+        if self.dist.rank:
+            torch.manual_seed(self.sampling_seed)
+        self.generator = torch.Generator(device=self.policy.device).manual_seed(self.sampling_seed)
         self.step = 0
         self.nonfinite_in_row = 0
         self.nonfinite_total = 0
@@ -157,9 +181,23 @@ class Trainer:
         self._stop_requested = False
         self._stop_signal: int | None = None
         if checkpoint is not None:
-            self._load_checkpoint(checkpoint)
+            load_trainer_state(self, checkpoint)
 
     # --- construction --------------------------------------------------------------------------
+    # _build_objective, _extra_param_groups, _extra_state, _load_extra_state: what a trainer of
+    # another objective family (app.rl_train) replaces
+
+    def _build_objective(self) -> Any:
+        return objective_by_name(self.cfg.loss, **self.cfg.objective_kwargs())
+
+    def _extra_param_groups(self) -> list[dict[str, Any]]:
+        return []
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def _load_extra_state(self, saved: dict[str, Any]) -> None:
+        """Restore what ``_extra_state`` saved into ``trainer.pt``."""
 
     def _build_buffer(self) -> ReplayBuffer | None:
         kind, capacity = self.cfg.replay.kind, self.cfg.replay.capacity
@@ -204,36 +242,38 @@ class Trainer:
         )
 
     def _micro_batch(self, prompt: str) -> _MicroStats | None:
-        """The four stages of app.step on one micro-batch; None when its loss is not finite."""
+        """The four stages of app.step on this rank's share of one micro-batch, its statistics
+        over all ranks; None when the loss is not finite on some rank."""
         cfg = self.cfg
         batch = collect(
             self.policy,
             self.task,
             prompt,
-            cfg.optim.batch_size,
+            self.rank_batch,
             self._mix(),
-            buffer=self.buffer,
-            oracle=self.oracle,
+            buffer=self.draws,
+            oracle=None if self.oracle is None else self.draws,
             rng=self.rng,
             generator=self.generator,
         )
         rewards = reward(self.scorer, self.policy, batch, cfg.reward.kappa)
         correct = correct_texts(self.task, batch, rewards)
-        self.correct_seen.update(correct)
         result = loss_step(
             self.policy, self.objective, self.log_z, batch, rewards, self.step, cfg.optim.grad_accum
         )
-        if result is None:
-            return None
+        totals = combine_micro_batch(self.dist, result, correct, len(batch.on_policy))
+        self.correct_seen.update(totals.correct)
+        if not totals.finite:
+            return None  # every rank skips the step together
         if self.buffer is not None and self.oracle is None:
-            items = new_items(self.task, batch, rewards)
+            items = gather_items(self.dist, new_items(self.task, batch, rewards))
             if items:
                 self.buffer.add(items)
         return _MicroStats(
-            loss=result.loss,
-            diagnostics=result.diagnostics,
-            on_policy=len(batch.on_policy),
-            hits=len(correct),
+            loss=totals.loss,
+            diagnostics=totals.diagnostics,
+            on_policy=totals.on_policy,
+            hits=len(totals.correct),
             replayed=batch.replayed,
             temperature=batch.temperature,
         )
@@ -254,10 +294,15 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 return None
             stats.append(result)
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        self.dist.average_gradients(params)  # logZ's gradient too: it is in the param groups
         if cfg.optim.clip is not None:
-            params = [p for group in self.optimizer.param_groups for p in group["params"]]
             torch.nn.utils.clip_grad_norm_(params, cfg.optim.clip)
         self.optimizer.step()
+        return self._step_record(stats, time.perf_counter() - start)
+
+    def _step_record(self, stats: list[Any], seconds: float) -> dict[str, Any]:
+        """The metrics.jsonl record of the optimizer step just taken from its micro-batches."""
         on_policy = sum(s.on_policy for s in stats)
         sampled = [s.temperature for s in stats if not s.replayed]
         return {
@@ -272,7 +317,7 @@ class Trainer:
             "temperature": float(np.mean(sampled)) if sampled else None,
             "buffer_size": 0 if self.buffer is None else len(self.buffer),
             "nonfinite_skipped": self.nonfinite_total,
-            "seconds": time.perf_counter() - start,
+            "seconds": seconds,
         }
 
     # --- the loop ------------------------------------------------------------------------------
@@ -282,9 +327,11 @@ class Trainer:
         ``checkpoint_every`` steps, at the end, and after the step in progress on Ctrl-C or
         SIGTERM. The log is first cut back to the step the run starts from (app.run_log)."""
         cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, self.run_dir / "config.toml")
-        cut_log(self.run_dir, self.step)
+        if self.dist.is_main:  # the other ranks create and delete nothing in the run directory
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, self.run_dir / "config.toml")
+            cut_log(self.run_dir, self.step)
+        self.dist.barrier()
         end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
         # only signals nobody else handles: an embedding application keeps its own handlers
         previous = {
@@ -299,11 +346,16 @@ class Trainer:
             signal.signal(signum, self._on_interrupt)
         checkpoint = latest_checkpoint(self.run_dir) if self.step else None
         try:
-            with self._progress() as bar, log_path(self.run_dir).open("a") as log:
-                task_id = bar.add_task("train", total=cfg.steps, completed=self.step, **_fields())
-                while self.step < end and not self._stop_requested:
+            with (
+                progress_bar(self.console, self.show_progress and self.dist.is_main) as bar,
+                self._log_file() as log,
+            ):
+                task_id = bar.add_task(
+                    "train", total=cfg.steps, completed=self.step, **bar_fields()
+                )
+                while self.step < end and not self.dist.any_true(self._stop_requested):
                     record = self._optimizer_step()
-                    reward_counts = self.rewards.take_counts(self.step + 1)
+                    reward_counts = self.dist.sum_counts(self.rewards.take_counts(self.step + 1))
                     if record is None:
                         self.nonfinite_in_row += 1
                         self.nonfinite_total += 1
@@ -317,11 +369,13 @@ class Trainer:
                     self.nonfinite_in_row = 0
                     self.step += 1
                     record.update(reward_counts)
-                    log.write(json.dumps(record) + "\n")
-                    log.flush()
-                    bar.update(task_id, completed=self.step, **_fields(record))
+                    if log is not None:
+                        log.write(json.dumps(record) + "\n")
+                        log.flush()
+                    bar.update(task_id, completed=self.step, **bar_fields(record))
                     if self.step % cfg.checkpoint_every == 0 or self.step == end:
                         checkpoint = self.save_checkpoint()
+            self._stop_requested = self.dist.any_true(self._stop_requested)
             if self._stop_requested and (checkpoint is None or self.step % cfg.checkpoint_every):
                 checkpoint = self.save_checkpoint()
         finally:
@@ -329,10 +383,14 @@ class Trainer:
                 signal.signal(signum, handler)
             self.rewards.close()
             for line in self.rewards.summary_lines():
-                self._warn(line)
+                self.warn(line)
         return TrainResult(
             self.run_dir, self.step, self._stop_requested, checkpoint, self._stop_signal
         )
+
+    def _log_file(self) -> AbstractContextManager[IO[str] | None]:
+        """metrics.jsonl opened for appending on rank 0; nothing on the other ranks."""
+        return log_path(self.run_dir).open("a") if self.dist.is_main else nullcontext()
 
     def _on_interrupt(self, signum: int, frame: Any) -> None:
         # First Ctrl-C or SIGTERM (preemption, docker stop): finish the step in progress,
@@ -344,91 +402,14 @@ class Trainer:
         name = signal.Signals(signum).name
         self.console.print(f"[yellow]{name}: finishing this step and checkpointing...[/]")
 
-    def _warn(self, line: str) -> None:
+    def warn(self, line: str) -> None:
+        """One yellow warning line on the console."""
         self.console.print(
             f"warning: {line}", style="yellow", markup=False, highlight=False, soft_wrap=True
         )
 
-    def _progress(self) -> Progress:
-        return Progress(
-            TextColumn("[bold]step[/] {task.completed}/{task.total}"),
-            BarColumn(),
-            TextColumn(
-                "loss {task.fields[loss]} logZ {task.fields[log_z]} acc {task.fields[acc]} "
-                "correct {task.fields[unique_correct]}"
-            ),
-            TimeRemainingColumn(),
-            console=self.console,
-            disable=not self.show_progress,
-            transient=False,
-        )
-
-    # --- checkpoints ---------------------------------------------------------------------------
+    # --- checkpoints (app.train_state) ---------------------------------------------------------
 
     def save_checkpoint(self) -> Path:
-        def write(folder: Path) -> None:
-            model_dir = folder / "model"
-            self.policy.model.save_pretrained(model_dir, safe_serialization=True)
-            self.policy.tokenizer.save_pretrained(model_dir)
-            torch.save(
-                {
-                    "optimizer": self.optimizer.state_dict(),
-                    "log_z": self.log_z.detach().clone(),
-                    "torch_rng": torch.get_rng_state(),
-                    "generator": self.generator.get_state(),
-                },
-                folder / "trainer.pt",
-            )
-            py_state = random.getstate()
-            write_state(
-                folder,
-                {
-                    "step": self.step,
-                    "nonfinite_in_row": self.nonfinite_in_row,
-                    "nonfinite_total": self.nonfinite_total,
-                    "correct_seen": sorted(self.correct_seen),
-                    "numpy_rng": self.rng.bit_generator.state,
-                    "python_rng": [py_state[0], list(py_state[1]), py_state[2]],
-                    "buffer": None if self.buffer is None else self.buffer.state_dict(),
-                },
-            )
-
-        return save_atomically(self.run_dir, self.step, write, self.cfg.keep_checkpoints)
-
-    def _load_checkpoint(self, folder: Path) -> None:
-        if is_peft_model(self.policy.model):
-            load_adapter_weights(self.policy.model, folder / "model")
-        else:
-            trained = AutoModelForCausalLM.from_pretrained(folder / "model")
-            self.policy.model.load_state_dict(trained.state_dict())
-        saved = torch.load(folder / "trainer.pt", weights_only=True)
-        with torch.no_grad():
-            self.log_z.copy_(saved["log_z"])
-        self.optimizer.load_state_dict(saved["optimizer"])
-        torch.set_rng_state(saved["torch_rng"])
-        self.generator.set_state(saved["generator"])
-        state = read_state(folder)
-        self.step = int(state["step"])
-        self.nonfinite_in_row = int(state["nonfinite_in_row"])
-        self.nonfinite_total = int(state["nonfinite_total"])
-        self.correct_seen = set(state["correct_seen"])
-        self.rng.bit_generator.state = state["numpy_rng"]
-        version, internal, gauss = state["python_rng"]
-        random.setstate((version, tuple(internal), gauss))
-        if self.buffer is not None and self.oracle is None and state["buffer"] is not None:
-            self.buffer.load_state_dict(state["buffer"])
-
-
-def _fields(record: dict[str, Any] | None = None) -> dict[str, str]:
-    record = record or {}
-
-    def fmt(key: str, spec: str) -> str:
-        value = record.get(key)
-        return "-" if value is None else format(value, spec)
-
-    return {
-        "loss": fmt("loss", ".3g"),
-        "log_z": fmt("log_z", ".2f"),
-        "acc": fmt("acc", ".2f"),
-        "unique_correct": fmt("unique_correct", "d"),
-    }
+        """Checkpoint the current step (rank 0 writes, with every rank's RNG streams)."""
+        return save_trainer_state(self)

@@ -11,6 +11,7 @@ run after checkpointing (preemption: resume with ``--resume``).
 from __future__ import annotations
 
 import signal
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,11 +20,13 @@ from rich.console import Console
 
 from raptb.adapters.registry import task_names, task_spec
 from raptb.app.checkpoint import list_checkpoints, remove_stale_temporaries
-from raptb.app.config import ConfigError, build_config
+from raptb.app.config import ConfigError, TrainConfig, build_config
 from raptb.app.config_reference import default_text, field_at
+from raptb.app.distributed import DistContext, dist_rank
 from raptb.app.resume import CONFIG_FILE, claim_new_run, resumed_config
+from raptb.app.rl_train import make_trainer
 from raptb.app.run_lock import RunLocked, run_lock
-from raptb.app.train import Trainer, TrainingError
+from raptb.app.train import TrainingError
 
 _err = Console(stderr=True)
 EXIT_TERMINATED = 128 + signal.SIGTERM
@@ -33,9 +36,27 @@ def _warn(line: str) -> None:
     _err.print(f"warning: {line}", style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 
-def _fail(message: str) -> typer.Exit:
-    _err.print(f"[red]error:[/] {message}", soft_wrap=True)
+def _fail(message: str, rank: int = 0) -> typer.Exit:
+    """Exit 2 with ``message``, printed once (by rank 0) when several processes share a run."""
+    if rank == 0:
+        _err.print(f"[red]error:[/] {message}", soft_wrap=True)
     return typer.Exit(code=2)
+
+
+def _prepare_run(
+    run_dir: Path, cfg: TrainConfig, resume: bool, overwrite: bool
+) -> tuple[TrainConfig, bool]:
+    """Clear a killed run's temporaries and settle new run or resume (holding the run's lock):
+    the configuration to train and whether a checkpoint is to be loaded."""
+    remove_stale_temporaries(run_dir)
+    if resume and (run_dir / CONFIG_FILE).is_file():
+        cfg = resumed_config(run_dir, cfg)
+        if not list_checkpoints(run_dir):
+            # e.g. preempted before the first checkpoint: the same run from its start
+            _warn(f"{run_dir} has no checkpoint yet; training from step 0")
+            return cfg, False
+        return cfg, True
+    return claim_new_run(run_dir, cfg, overwrite=overwrite), False
 
 
 def _flag(path: str, extra: str = "") -> Any:
@@ -88,7 +109,8 @@ def train_command(
     oracle: Annotated[str | None, _flag("amp.oracle")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
-    """Train a GFlowNet sampler (defaults: the paper's Expr24 setting, embedded tiny model)."""
+    """Train a GFlowNet sampler, or a PPO/GRPO baseline (defaults: the paper's Expr24 setting,
+    embedded tiny model)."""
     overrides = {
         "task": task,
         "loss": loss,
@@ -123,21 +145,24 @@ def train_command(
         raise _fail(str(exc)) from None
     run_dir = out or Path("runs") / f"{cfg.task}-{cfg.loss}-{cfg.replay.kind}-s{cfg.seed}"
     try:
-        with run_lock(run_dir, _warn):
-            remove_stale_temporaries(run_dir)
-            if resume and (run_dir / CONFIG_FILE).is_file():
-                cfg = resumed_config(run_dir, cfg)
-                if not list_checkpoints(run_dir):
-                    # e.g. preempted before the first checkpoint: the same run from its start
-                    _warn(f"{run_dir} has no checkpoint yet; training from step 0")
-                    resume = False
-            else:
-                cfg = claim_new_run(run_dir, cfg, overwrite=overwrite)
-                resume = False
-            trainer = Trainer(cfg, run_dir, resume=resume, progress=progress)
+        dist = DistContext.from_accelerate()
+        with ExitStack() as held:
+
+            def prepare() -> tuple[dict[str, Any], bool]:
+                held.enter_context(run_lock(run_dir, _warn))
+                prepared, again = _prepare_run(run_dir, cfg, resume, overwrite)
+                return prepared.model_dump(), again  # plain values travel between processes
+
+            # rank 0 alone holds the lock and prepares the run directory; the others wait for
+            # it and share its outcome (a refusal included)
+            settled, resume = dist.on_main(prepare)
+            cfg = type(cfg).model_validate(settled)
+            trainer = make_trainer(cfg, run_dir, resume=resume, progress=progress, dist=dist)
             result = trainer.train()
     except (TrainingError, ValueError, RunLocked) as exc:
-        raise _fail(str(exc)) from None
+        raise _fail(str(exc), dist_rank()) from None
+    if not dist.is_main:
+        raise typer.Exit(EXIT_TERMINATED if result.stop_signal == signal.SIGTERM else 0)
     state = "interrupted" if result.interrupted else "done"
     _err.print(f"{state}: {result.step}/{cfg.steps} steps; run directory {result.run_dir}")
     if result.interrupted:

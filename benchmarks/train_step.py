@@ -10,18 +10,46 @@ trainer's own stages (``raptb.app.step``) and times each: collect (the rollout, 
 forwards, grammar masking and the rest), reward (per-prefix task scores, u as a tensor, the
 reference prior when kappa > 0), loss (teacher-forced rescoring forward, objective, backward) and
 the buffer update (new items and ``buffer.add``). Prints medians and each stage's share.
+
+Whole optimizer steps on any model (e.g. a GPU with a Llama-3.2-1B-shaped model):
+
+    python benchmarks/train_step.py --optimizer-steps 5 --model-config llama-1b --tokenizer DIR \
+        --task fixed --length 10 --batch-size 32 --grad-accum 4 --kappa 1 [--json FILE]
+
+times ``--optimizer-steps`` steps after ``--warmup`` untimed ones. Every micro-batch is sampled
+on-policy (p_replay 0, so each step rolls out ``batch-size x grad-accum`` trajectories) and goes
+through the same ``raptb.app.step`` stages: collect (the rollout; its grammar time from the
+rollout's own timings), reward (task scores, then the reference pass: kappa > 0, the frozen base
+with the LoRA adapter disabled), loss_step (teacher-forced rescoring forward, objective, backward),
+new_items + ``buffer.add`` (replay refresh), then gradient clipping and the optimizer step as
+``Trainer._optimizer_step`` does them. The reference pass and the rescoring forward are timed
+inside their stages by wrapping the policy's ``reference_score`` and ``score`` for the duration
+of the measurement. Each timed span is closed by a device synchronisation, so on a GPU every time
+is wall time of finished work. ``--model-config llama-1b`` writes a Llama-3.2-1B-shaped model with
+random weights over the tokenizer in ``--tokenizer DIR`` (16 layers, width 2048, 32 heads, 8 KV
+heads, MLP 8192, tied embeddings) to a temporary folder and trains it like any local model (LoRA
+r16, bf16 on CUDA); ``llama-tiny`` is a 2-layer, width-64 model of the same family for trying the
+script on a CPU. ``--task fixed`` is a custom task with no grammar and every non-special token
+legal, whose rows all have exactly ``--length`` tokens (min_length = max_length), so that the
+number of generated tokens is fixed (the TRL anchor, ``benchmarks/trl_anchor.py``, uses it);
+``expr24`` and ``smiles`` are the paper's tasks with their grammars (lengths then vary).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from raptb.adapters.policy import HFPolicy
 from raptb.app.config import build_config
 from raptb.app.step import Mix, collect, loss_step, new_items, reward
 from raptb.app.train import Trainer
@@ -32,12 +60,276 @@ ON_POLICY = Mix(
 )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--micro-batches", type=int, default=60)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--replay", default="subm")
-    args = parser.parse_args()
+# Llama-3.2-1B's shape (random weights) and a tiny model of the same family for CPU checks
+MODEL_CONFIGS: dict[str, dict[str, int]] = {
+    "llama-1b": {
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+    },
+    "llama-tiny": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
+}
+FIXED_PROMPT = "Write a sequence of numbers:"
+STEP_PARTS = (
+    "rollout: model + sampling",
+    "rollout: grammar",
+    "task scoring",
+    "reference pass",
+    "rescoring forward",
+    "loss + backward",
+    "replay refresh",
+    "optimizer step",
+)
+
+
+def digit_reward(prompt: str, text: str) -> float:
+    """Reward of the ``fixed`` task: the fraction of digits in the text (cheap, always valid)."""
+    return sum(c.isdigit() for c in text) / max(1, len(text))
+
+
+def write_random_model(name: str, tokenizer_dir: str, out: Path, seed: int = 0) -> Path:
+    """Save a ``MODEL_CONFIGS[name]`` Llama with random weights (seed) and the tokenizer to ``out``
+    (bf16 on a GPU that supports it, float32 otherwise); returns ``out``."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from raptb.adapters.lora import preferred_dtype
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **MODEL_CONFIGS[name],
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = LlamaForCausalLM(config).to(preferred_dtype(device))
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    del model
+    return out
+
+
+def step_overrides(args: argparse.Namespace, model: str) -> dict[str, Any]:
+    """TrainConfig overrides of an optimizer-step measurement (every micro-batch on-policy)."""
+    overrides: dict[str, Any] = {
+        "model": model,
+        "optim.batch_size": args.batch_size,
+        "optim.grad_accum": args.grad_accum,
+        "replay.p_replay": [0.0, 0.0],
+        "replay.kind": args.replay,
+    }
+    if args.task == "fixed":
+        overrides |= {
+            "task": "custom",
+            "custom.reward": "train_step:digit_reward",
+            "custom.prompts": [FIXED_PROMPT],
+            "custom.min_length": args.length,
+            "custom.max_length": args.length,
+        }
+    else:
+        overrides["task"] = args.task
+    if args.kappa is not None:
+        overrides["reward.kappa"] = args.kappa
+    return overrides
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+class _Timed:
+    """A callable that adds its synchronised wall time (seconds) to ``seconds``."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.seconds = 0.0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        _sync()
+        start = time.perf_counter()
+        out = self.fn(*args, **kwargs)
+        _sync()
+        self.seconds += time.perf_counter() - start
+        return out
+
+
+@contextmanager
+def timed_policy(policy: HFPolicy) -> Iterator[tuple[_Timed, _Timed]]:
+    """Time ``policy.score`` (the rescoring forward) and ``policy.reference_score`` (the reference
+    pass) while the block runs; the instance's own methods are restored after it."""
+    score, ref = _Timed(policy.score), _Timed(policy.reference_score)
+    policy.score, policy.reference_score = score, ref
+    try:
+        yield score, ref
+    finally:
+        del policy.score, policy.reference_score
+
+
+def timed_optimizer_step(trainer: Trainer) -> tuple[dict[str, float], int]:
+    """One optimizer step of on-policy micro-batches through the ``raptb.app.step`` stages, timed by
+    component (seconds summed over the micro-batches); returns (times, generated tokens)."""
+    cfg, policy, task = trainer.cfg, trainer.policy, trainer.task
+    prompts = task.prompts()
+    parts = dict.fromkeys(STEP_PARTS, 0.0)
+    generated = 0
+    policy.model.train()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    _sync()
+    step_start = time.perf_counter()
+    with timed_policy(policy) as (score, ref):
+        for micro in range(cfg.optim.grad_accum):
+            prompt = prompts[(trainer.step * cfg.optim.grad_accum + micro) % len(prompts)]
+            score.seconds = ref.seconds = 0.0
+            start = time.perf_counter()
+            batch = collect(
+                policy,
+                task,
+                prompt,
+                cfg.optim.batch_size,
+                ON_POLICY,
+                buffer=trainer.buffer,
+                oracle=None,
+                rng=trainer.rng,
+                generator=trainer.generator,
+            )
+            _sync()
+            t_collect = time.perf_counter()
+            rewards = reward(trainer.scorer, policy, batch, cfg.reward.kappa)
+            _sync()
+            t_reward = time.perf_counter()
+            result = loss_step(
+                policy,
+                trainer.objective,
+                trainer.log_z,
+                batch,
+                rewards,
+                trainer.step,
+                cfg.optim.grad_accum,
+            )
+            if result is None:
+                raise RuntimeError("non-finite loss")
+            _sync()
+            t_loss = time.perf_counter()
+            if trainer.buffer is not None:
+                trainer.buffer.add(new_items(task, batch, rewards))
+            end = time.perf_counter()
+            assert batch.timings is not None  # an on-policy batch is a rollout
+            generated += sum(len(row) for row in batch.rows)
+            grammar = batch.timings.grammar_s
+            parts["rollout: model + sampling"] += t_collect - start - grammar
+            parts["rollout: grammar"] += grammar
+            parts["task scoring"] += t_reward - t_collect - ref.seconds
+            parts["reference pass"] += ref.seconds
+            parts["rescoring forward"] += score.seconds
+            parts["loss + backward"] += t_loss - t_reward - score.seconds
+            parts["replay refresh"] += end - t_loss
+    start = time.perf_counter()
+    if cfg.optim.clip is not None:
+        params = [p for group in trainer.optimizer.param_groups for p in group["params"]]
+        torch.nn.utils.clip_grad_norm_(params, cfg.optim.clip)
+    trainer.optimizer.step()
+    _sync()
+    end = time.perf_counter()
+    parts["optimizer step"] = end - start
+    parts["total"] = end - step_start
+    trainer.step += 1
+    return parts, generated
+
+
+def measure_steps(
+    trainer: Trainer, steps: int, warmup: int, log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """``warmup`` untimed then ``steps`` timed optimizer steps; medians, shares, tokens/s, peak
+    memory over the timed steps."""
+    for _ in range(warmup):
+        timed_optimizer_step(trainer)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    runs, tokens = [], []
+    for i in range(steps):
+        parts, generated = timed_optimizer_step(trainer)
+        runs.append(parts)
+        tokens.append(generated)
+        log(f"raptb step {i}: {parts['total']:.3f} s, {generated} tokens")
+    median = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    total = median["total"]
+    return {
+        "median_s": median,
+        "share": {k: v / total for k, v in median.items()},
+        "steps_s": [r["total"] for r in runs],
+        "tokens_per_step": statistics.median(tokens),
+        "tokens_per_s": statistics.median(tokens) / total,
+        "max_memory_allocated_mib": (
+            torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
+        ),
+        "runs": runs,
+    }
+
+
+def markdown(result: dict[str, Any], title: str) -> str:
+    lines = [f"| {title} | median ms | share |", "|---|---|---|"]
+    for key, value in result["median_s"].items():
+        lines.append(f"| {key} | {value * 1e3:.1f} | {result['share'][key]:.1%} |")
+    lines.append(
+        f"\ngenerated tokens per step {result['tokens_per_step']:.0f}, "
+        f"{result['tokens_per_s']:.0f} tokens/s; peak memory "
+        f"{result['max_memory_allocated_mib'] or float('nan'):.0f} MiB"
+    )
+    return "\n".join(lines)
+
+
+def optimizer_step_main(args: argparse.Namespace) -> None:
+    work = Path(tempfile.mkdtemp())
+    model = args.model
+    if args.model_config is not None:
+        if args.tokenizer is None:
+            raise SystemExit("--model-config needs --tokenizer DIR")
+        model = str(write_random_model(args.model_config, args.tokenizer, work / "model"))
+    cfg = build_config(overrides=step_overrides(args, model))
+    trainer = Trainer(cfg, work / "run", progress=False)
+    result = measure_steps(trainer, args.optimizer_steps, args.warmup)
+    name = (
+        torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    )  # the machine, for the table
+    result["setting"] = {
+        "device": name,
+        "torch": str(torch.__version__),
+        "model": args.model_config or args.model,
+        "task": args.task,
+        "length": trainer.task.max_length,
+        "batch_size": args.batch_size,
+        "grad_accum": args.grad_accum,
+        "kappa": cfg.reward.kappa,
+        "replay": cfg.replay.kind,
+        "lora_rank": cfg.lora.rank,
+        "warmup": args.warmup,
+        "steps": args.optimizer_steps,
+    }
+    title = (
+        f"{result['setting']['model']}, {args.task}, {args.batch_size} x {args.grad_accum} rows, "
+        f"T={trainer.task.max_length}"
+    )
+    print(markdown(result, title))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def micro_batch_main(args: argparse.Namespace) -> None:
     cfg = build_config(overrides={"threads": args.threads, "replay.kind": args.replay})
     trainer = Trainer(cfg, Path(tempfile.mkdtemp()), progress=False)
     trainer.train(stop_at=20)  # a warm, full buffer and a model that is no longer uniform
@@ -100,6 +392,29 @@ def main() -> None:
     grammar = statistics.median(parts["collect: rollout grammar"])
     print(f"\ngrammar masking share of collect time: {grammar / collect_total:.1%}")
     print(f"micro-batches timed: {args.micro_batches}; torch {torch.__version__}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--micro-batches", type=int, default=60)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--replay", default="subm")
+    parser.add_argument("--optimizer-steps", type=int, default=None)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--model-config", choices=sorted(MODEL_CONFIGS), default=None)
+    parser.add_argument("--tokenizer", default=None)
+    parser.add_argument("--task", choices=["fixed", "expr24", "smiles"], default="expr24")
+    parser.add_argument("--length", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--grad-accum", type=int, default=4)
+    parser.add_argument("--kappa", type=float, default=None)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    if args.optimizer_steps is not None:
+        optimizer_step_main(args)
+    else:
+        micro_batch_main(args)
 
 
 if __name__ == "__main__":

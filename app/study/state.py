@@ -46,7 +46,10 @@ def latest_step(run_dir: Path) -> int | None:
 
 
 def _comparable(config: TrainConfig) -> dict[str, Any]:
-    return config.model_copy(update={"threads": None}).model_dump(mode="json")
+    """The fields that make a run: threads aside, and the schedule horizon resolved (a run saves
+    its resolved ``schedule_steps``; a planned None means ``steps``)."""
+    update = {"threads": None, "schedule_steps": config.schedule_horizon}
+    return config.model_copy(update=update).model_dump(mode="json")
 
 
 def config_difference(planned: TrainConfig, run_dir: Path) -> str | None:

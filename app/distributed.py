@@ -1,0 +1,327 @@
+"""Data-parallel training across processes started by ``accelerate launch`` (or torchrun).
+
+Every rank runs the whole trainer on its share of each micro-batch; the rules that keep the ranks
+one training run:
+
+- Batch: ``optim.batch_size`` is the *global* micro-batch (trajectories per micro-batch summed
+  over ranks), so a config means the same training on any number of processes. Each rank takes
+  batch_size / world rows; a batch that does not split evenly is refused. The global batch of an
+  optimizer step is batch_size x grad_accum (= per-rank micro-batch x grad_accum x world).
+- Seeds: initialisation (model, LoRA, logZ, the numpy RNG of the behaviour mix and replay draws)
+  uses ``seed`` on every rank, so all ranks start equal and take the same mix decisions. Rollouts
+  and dropout use :func:`sampling_seed`: ``seed`` on rank 0 (a 1-process launch reproduces a plain
+  run) and a (seed, rank) SeedSequence draw elsewhere, so no two ranks share a stream.
+- Gradients: after the accumulation loop every trainable gradient *and logZ's* is all-reduced
+  and divided by the world size (:meth:`DistContext.average_gradients`), before clipping and the
+  optimizer step. The policy is not wrapped in DDP: the same explicit reduction covers the model,
+  the LoRA adapters and the logZ scalar, which lives outside the model in its own parameter group,
+  and sampling/reference passes run on the bare model. Identical gradients, identical initial
+  weights and identical optimizer states keep every rank's parameters and logZ equal.
+  The objectives that average per trajectory (tb, raptb, avg_prefix_tb, root_subtb_logz, subtb
+  with per-trajectory normalisation) then equal their single-process value; batch statistics
+  (vargrad's logZ estimate) are computed per rank, like unsynchronised batch norm.
+- Replay: each micro-batch's new items are gathered from all ranks (rank order) and every rank
+  adds the same list to its own buffer; the refresh (SubM selection, RP/PRT insertion) is
+  deterministic, so all buffers stay identical without a broadcast. Draws go through
+  :class:`RankSlice`: one draw of world x n rows from the shared RNG, each rank taking its slice.
+- Checkpoints: rank 0 writes; the file holds every rank's RNG states (:func:`rank_rng_state`).
+  Resuming on the same world size restores each rank's streams exactly; on another world size the
+  run continues with a warning (ranks without a saved stream get a fresh one).
+- Precision: on CUDA the policy runs in bf16 (``adapters.lora.preferred_dtype``) while logZ stays
+  a float32 parameter; gradients are reduced in their own dtypes. accelerate's
+  ``mixed_precision`` setting is not used because the model is not wrapped by ``prepare``.
+- FSDP and DeepSpeed shard the model and need it wrapped: refused clearly (see README).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from raptb.app.step import LossResult
+from raptb.core.replay import ReplayBuffer, ReplayItem
+
+T = TypeVar("T")
+
+# accelerate distributed types the explicit gradient all-reduce is correct for
+_DATA_PARALLEL = {"NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU"}
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process sits in the run: rank, world size, its device."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @classmethod
+    def single(cls, device: torch.device | None = None) -> DistContext:
+        """One process: the GPU when there is one, else the CPU."""
+        if device is None:
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return cls(rank=0, world_size=1, local_rank=0, device=device)
+
+    @classmethod
+    def from_accelerate(cls) -> DistContext:
+        """The context from accelerate's ``PartialState`` (initialises the process group when
+        launched by ``accelerate launch``/torchrun; a single-process context otherwise).
+
+        Without a launcher's ``WORLD_SIZE`` > 1 in the environment, accelerate is not consulted:
+        one process, as :meth:`single`.
+
+        Raises ValueError (one line) for FSDP/DeepSpeed launches, which this trainer does not
+        wrap the model for.
+        """
+        sharded = [name for name in ("FSDP", "DEEPSPEED") if _env_flag(f"ACCELERATE_USE_{name}")]
+        if sharded:
+            raise ValueError(
+                f"{sharded[0]} is not supported: raptb trains data-parallel only (accelerate "
+                "launch --multi_gpu, or a config with distributed_type MULTI_GPU / MULTI_CPU)"
+            )
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            return cls.single()
+        from accelerate import PartialState
+
+        # without CUDA (or with ACCELERATE_USE_CPU) PartialState needs cpu=True to see a
+        # multi-process launch as MULTI_CPU (gloo) instead of one process per rank
+        cpu = not torch.cuda.is_available() or _env_flag("ACCELERATE_USE_CPU")
+        state = PartialState(cpu=cpu)
+        kind = state.distributed_type.name
+        if kind not in _DATA_PARALLEL:
+            raise ValueError(
+                f"distributed type {kind} is not supported: raptb trains data-parallel only "
+                "(accelerate launch --multi_gpu, or a config with distributed_type MULTI_GPU)"
+            )
+        return cls(
+            rank=state.process_index,
+            world_size=state.num_processes,
+            local_rank=state.local_process_index,
+            device=state.device,
+        )
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    # --- collectives (identities in one process) -----------------------------------------------
+
+    def all_gather_object(self, obj: T) -> list[T]:
+        """``obj`` from every rank, in rank order (pickled; for small host values)."""
+        if self.world_size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast_object(self, obj: T) -> T:
+        """Rank 0's ``obj`` on every rank."""
+        if self.world_size == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        """Wait until every rank gets here (e.g. until rank 0 has prepared the run directory)."""
+        if self.world_size > 1:
+            dist.barrier()
+
+    def on_main(self, work: Callable[[], T]) -> T:
+        """``work()`` run on rank 0 only, its result on every rank; an exception it raises is
+        raised on every rank too, so no rank waits for a rank that gave up."""
+        result: Any = None
+        error: BaseException | None = None
+        if self.is_main:
+            try:
+                result = work()
+            except Exception as exc:  # handed to the other ranks, then raised here as well
+                error = exc
+        if self.world_size > 1:
+            result, error = self.broadcast_object((result, error))
+        if error is not None:
+            raise error
+        return result
+
+    def sum_counts(self, counts: dict[str, int]) -> dict[str, int]:
+        """Integer counters summed over ranks (same keys on every rank)."""
+        ranks = self.all_gather_object(counts)
+        return {key: sum(rank[key] for rank in ranks) for key in counts}
+
+    def any_true(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on some rank (e.g. a stop request seen by one process)."""
+        if self.world_size == 1:
+            return flag
+        value = torch.tensor([float(flag)], device=self.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item())
+
+    def average_gradients(self, params: Iterable[torch.Tensor]) -> None:
+        """Replace each parameter's gradient by its mean over ranks (one all-reduce per
+        device and dtype). A missing gradient counts as zeros, so every rank reduces the same
+        tensors in the same order."""
+        if self.world_size == 1:
+            return
+        groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            groups.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
+        for grads in groups.values():
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            flat /= self.world_size
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+
+
+def dist_rank() -> int:
+    """This process's rank as the launcher set it (0 when not launched)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in {"1", "true", "yes"}
+
+
+# --- batch and seeds ---------------------------------------------------------------------------
+
+
+def per_rank_batch(batch_size: int, world_size: int) -> int:
+    """Rows each rank takes of a global micro-batch of ``batch_size``; ValueError when it does not
+    split evenly."""
+    if batch_size % world_size:
+        raise ValueError(
+            f"optim.batch_size {batch_size} does not split evenly over {world_size} processes; "
+            f"use a multiple of {world_size} (it is the global micro-batch, summed over ranks)"
+        )
+    return batch_size // world_size
+
+
+def sampling_seed(seed: int, rank: int) -> int:
+    """Seed of rank ``rank``'s rollout generator and dropout: ``seed`` itself on rank 0, a
+    SeedSequence((seed, rank)) draw (63 bits) on the others."""
+    if rank == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, rank]).generate_state(1, np.uint64)[0] >> 1)
+
+
+# --- one micro-batch over all ranks -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MicroBatchTotals:
+    """One micro-batch over all ranks.
+
+    finite: whether the loss was finite on every rank (else every rank skips the step).
+    loss, diagnostics: means over ranks (the ranks' shares are equal, so this is the global mean).
+    on_policy: on-policy rows summed over ranks; correct: their successful texts, rank order.
+    """
+
+    finite: bool
+    loss: float
+    diagnostics: dict[str, float]
+    on_policy: int
+    correct: list[str]
+
+
+def combine_micro_batch(
+    ctx: DistContext, result: LossResult | None, correct: list[str], on_policy: int
+) -> MicroBatchTotals:
+    """Every rank's micro-batch outcome, combined identically on all ranks (one gather)."""
+    ranks = ctx.all_gather_object((result, correct, on_policy))
+    results = [r for r, _, _ in ranks if r is not None]
+    finite = len(results) == len(ranks)
+    keys = results[0].diagnostics if finite else {}
+    return MicroBatchTotals(
+        finite=finite,
+        loss=float(np.mean([r.loss for r in results])) if finite else float("nan"),
+        diagnostics={k: float(np.mean([r.diagnostics[k] for r in results])) for k in keys},
+        on_policy=sum(n for _, _, n in ranks),
+        correct=[text for _, texts, _ in ranks for text in texts],
+    )
+
+
+# --- replay ------------------------------------------------------------------------------------
+
+
+def gather_items(ctx: DistContext, items: Sequence[ReplayItem]) -> list[ReplayItem]:
+    """Every rank's new replay items, in rank order: the one list each rank adds to its buffer."""
+    return [item for rank_items in ctx.all_gather_object(list(items)) for item in rank_items]
+
+
+class RankSlice:
+    """A buffer's draws split across ranks: ``sample(n)`` draws world x n rows with the (shared,
+    identically seeded) RNG and returns this rank's n, so the ranks' rows are one draw, never the
+    same draw repeated. Everything else reads the underlying buffer."""
+
+    def __init__(self, buffer: ReplayBuffer, ctx: DistContext) -> None:
+        self.buffer = buffer
+        self.ctx = ctx
+
+    def prompts(self) -> list[str]:
+        return self.buffer.prompts()
+
+    def __len__(self) -> int:
+        return len(self.buffer)
+
+    def sample(
+        self, n: int, rng: np.random.Generator, prompt: str | None = None
+    ) -> list[ReplayItem]:
+        rows = self.buffer.sample(n * self.ctx.world_size, rng, prompt)
+        return rows[self.ctx.rank * n : (self.ctx.rank + 1) * n]
+
+
+# --- RNG state for checkpoints -----------------------------------------------------------------
+
+
+def rank_rng_state(generator: torch.Generator) -> dict[str, Any]:
+    """This rank's RNG streams: the rollout generator, torch's global RNG (dropout) and Python's."""
+    version, internal, gauss = random.getstate()
+    return {
+        "generator": generator.get_state(),
+        "torch_rng": torch.get_rng_state(),
+        "python_rng": [version, list(internal), gauss],
+    }
+
+
+def restore_rank_rng(
+    ctx: DistContext,
+    saved: Sequence[dict[str, Any]],
+    generator: torch.Generator,
+    *,
+    seed: int,
+    step: int,
+    warn: Callable[[str], None],
+) -> None:
+    """Restore this rank's streams from ``saved`` (one entry per rank of the writing run).
+
+    On another world size the run goes on after one ``warn`` line (rank 0): a rank with a saved
+    entry takes it, the others reseed from (seed, rank, step), so they do not repeat the stream
+    of an earlier step."""
+    if len(saved) != ctx.world_size and ctx.is_main:
+        warn(
+            f"checkpoint written by {len(saved)} processes, resuming on {ctx.world_size}: "
+            "training continues, but not as the uninterrupted run would (rollout streams are "
+            "reassigned)"
+        )
+    if ctx.rank >= len(saved):
+        fresh = np.random.SeedSequence([seed, ctx.rank, step]).generate_state(1, np.uint64)[0]
+        generator.manual_seed(int(fresh >> 1))
+        torch.manual_seed(int(fresh >> 1))
+        return
+    state = saved[ctx.rank]
+    generator.set_state(state["generator"])
+    torch.set_rng_state(state["torch_rng"])
+    version, internal, gauss = state["python_rng"]
+    random.setstate((version, tuple(internal), gauss))

@@ -1,0 +1,99 @@
+"""One micro-batch of the RL baselines (PPO, GRPO) on the GFlowNet trainer's rollout and reward.
+
+    collect (app.step)  -> Trajectories   on-policy, constrained rollout of B rows for one prompt
+    reward (app.step)   -> Rewards        per-prefix task rewards u (and kappa log P_ref for log R)
+    sequence_rewards    -> [B]            the terminal reward each sequence is judged by
+    rl_loss_step        -> LossResult     rescoring in the action layout, reference, loss, backward
+
+For GRPO the B rows of one prompt are B / num_generations consecutive groups (``core.grpo``).
+One optimisation pass per rollout (TRL's ``num_iterations = 1``, and one PPO epoch): the old
+log-probs and old values are the current ones detached, so every ratio is 1 in value while its
+gradient is that of log pi, exactly as TRL computes it without a second pass. The policy's log pi
+is the model's full, untempered softmax (``adapters.policy``), as for the GFlowNet objectives.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from raptb.adapters.policy import HFPolicy
+from raptb.adapters.value_head import ValueHead, prefix_values
+from raptb.app.step import LossResult, Rewards, Trajectories
+from raptb.core.grpo import GRPO
+from raptb.core.ppo import PPO
+from raptb.core.rl_batch import RLBatch, action_log_probs
+from raptb.core.rl_objectives import RLObjective
+
+
+def needs_reference(objective: RLObjective) -> bool:
+    """Whether the loss reads reference log-probs: GRPO with beta != 0, PPO with kl_coef != 0."""
+    if isinstance(objective, GRPO):
+        return objective.beta != 0.0
+    return isinstance(objective, PPO) and objective.kl_coef != 0.0
+
+
+def sequence_rewards(rewards: Rewards, length: torch.Tensor, source: str) -> torch.Tensor:
+    """Terminal rewards [B] at each row's stop, tau: ``"task"`` u_tau = lambda S(text), or
+    ``"log_r"`` log R_tau = u_tau + kappa log P_ref(text + stop)."""
+    table = rewards.u if source == "task" else rewards.log_r
+    return table.gather(1, length.to(table.device)[:, None]).squeeze(1)
+
+
+def rl_batch(
+    policy: HFPolicy,
+    batch: Trajectories,
+    terminal: torch.Tensor,
+    *,
+    value_head: ValueHead | None,
+    reference: bool,
+) -> RLBatch | None:
+    """The micro-batch in the action layout: log-probs (with gradients) from one teacher-forced
+    pass, values from its last hidden states when ``value_head`` is given, reference log-probs
+    when ``reference``. None when a log-probability or value is not finite."""
+    prompt, tokens, length = batch.prompt, batch.tokens, batch.length
+    values = None
+    if value_head is None:
+        log_pf, log_pterm = policy.score(prompt, tokens, length)
+    else:
+        log_pf, log_pterm, hidden = policy.score_with_hidden(prompt, tokens, length)
+        values = prefix_values(value_head, hidden, len(policy.prompt_ids(prompt)), length)
+    ref = None
+    if reference:
+        ref_pf, ref_pterm = policy.reference_score(prompt, tokens, length)
+        ref = action_log_probs(ref_pf, ref_pterm, length)
+    log_probs = action_log_probs(log_pf, log_pterm, length)
+    arrays = [a for a in (log_probs, ref, values) if a is not None]
+    if not all(bool(torch.isfinite(a).all()) for a in arrays):
+        return None
+    return RLBatch(
+        log_probs=log_probs,
+        old_log_probs=log_probs.detach(),
+        rewards=terminal.to(log_probs.dtype),
+        length=length,
+        ref_log_probs=ref,
+        values=values,
+        old_values=None if values is None else values.detach(),
+    )
+
+
+def rl_loss_step(
+    policy: HFPolicy,
+    objective: RLObjective,
+    batch: Trajectories,
+    terminal: torch.Tensor,
+    grad_accum: int,
+    *,
+    value_head: ValueHead | None = None,
+) -> LossResult | None:
+    """Evaluate ``objective`` on ``batch`` with terminal rewards ``terminal`` [B] and
+    backpropagate loss / grad_accum. None, with no backward, when the loss is not finite."""
+    rl = rl_batch(
+        policy, batch, terminal, value_head=value_head, reference=needs_reference(objective)
+    )
+    if rl is None:
+        return None
+    loss, diagnostics = objective(rl)
+    if not torch.isfinite(loss):
+        return None
+    (loss / grad_accum).backward()
+    return LossResult(float(loss.detach()), diagnostics)

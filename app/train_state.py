@@ -1,0 +1,94 @@
+"""The trainer's state on disk: what a checkpoint holds and how a run picks it up again.
+
+A checkpoint folder (written through ``app.checkpoint.save_atomically``) holds
+
+- ``model/``: the weights (the LoRA adapter only, with LoRA) and the tokenizer;
+- ``trainer.pt``: the optimizer state, logZ and ``ranks_rng``, every rank's RNG streams
+  (app.distributed.rank_rng_state; one entry for a 1-process run);
+- ``state``: step, non-finite counters, the successful texts seen, the shared numpy RNG and the
+  replay buffer.
+
+Only rank 0 writes; the other ranks wait for it and return the same folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from raptb.adapters.lora import is_peft_model, load_adapter_weights
+from raptb.app.checkpoint import read_state, save_atomically, write_state
+from raptb.app.distributed import rank_rng_state, restore_rank_rng
+
+if TYPE_CHECKING:
+    from raptb.app.train import Trainer
+
+
+def save_trainer_state(trainer: Trainer) -> Path:
+    """Checkpoint ``trainer`` at its current step (rank 0 writes); the folder, on every rank."""
+    ranks_rng = trainer.dist.all_gather_object(rank_rng_state(trainer.generator))
+
+    def write(folder: Path) -> None:
+        model_dir = folder / "model"
+        trainer.policy.model.save_pretrained(model_dir, safe_serialization=True)
+        trainer.policy.tokenizer.save_pretrained(model_dir)
+        torch.save(
+            {
+                "optimizer": trainer.optimizer.state_dict(),
+                "log_z": trainer.log_z.detach().clone(),
+                "ranks_rng": ranks_rng,
+                **trainer._extra_state(),
+            },
+            folder / "trainer.pt",
+        )
+        write_state(
+            folder,
+            {
+                "step": trainer.step,
+                "nonfinite_in_row": trainer.nonfinite_in_row,
+                "nonfinite_total": trainer.nonfinite_total,
+                "correct_seen": sorted(trainer.correct_seen),
+                "numpy_rng": trainer.rng.bit_generator.state,
+                "buffer": None if trainer.buffer is None else trainer.buffer.state_dict(),
+            },
+        )
+
+    def save() -> Path:
+        return save_atomically(trainer.run_dir, trainer.step, write, trainer.cfg.keep_checkpoints)
+
+    return trainer.dist.on_main(save)  # also holds the other ranks until the folder exists
+
+
+def load_trainer_state(trainer: Trainer, folder: Path) -> None:
+    """Restore ``trainer`` from checkpoint ``folder`` (on every rank: each takes its own RNG
+    streams; another world size than the writer's continues with one warning)."""
+    policy = trainer.policy
+    if is_peft_model(policy.model):
+        load_adapter_weights(policy.model, folder / "model")
+    else:
+        trained = AutoModelForCausalLM.from_pretrained(folder / "model")
+        policy.model.load_state_dict(trained.state_dict())
+    saved = torch.load(folder / "trainer.pt", weights_only=True)
+    with torch.no_grad():
+        trainer.log_z.copy_(saved["log_z"])
+    trainer.optimizer.load_state_dict(saved["optimizer"])
+    trainer._load_extra_state(saved)
+    state = read_state(folder)
+    trainer.step = int(state["step"])
+    restore_rank_rng(
+        trainer.dist,
+        saved["ranks_rng"],
+        trainer.generator,
+        seed=trainer.cfg.seed,
+        step=trainer.step,
+        warn=trainer.warn,
+    )
+    trainer.nonfinite_in_row = int(state["nonfinite_in_row"])
+    trainer.nonfinite_total = int(state["nonfinite_total"])
+    trainer.correct_seen = set(state["correct_seen"])
+    trainer.rng.bit_generator.state = state["numpy_rng"]
+    if trainer.buffer is not None and trainer.oracle is None and state["buffer"] is not None:
+        trainer.buffer.load_state_dict(state["buffer"])

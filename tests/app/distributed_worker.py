@@ -1,0 +1,186 @@
+"""Per-process bodies of the multi-process tests (tests/app/test_distributed.py).
+
+:func:`run_ranks` forks ``world`` CPU processes with the environment a launcher (torchrun,
+``accelerate launch``) gives its workers: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT. Forking
+from the test process skips re-importing torch and transformers per rank, which keeps the tests
+short on a small machine; the launcher itself is exercised once, by the test of
+``accelerate launch -m raptb train``. The 1-process reference of ``equivalence`` is the same
+function called with the single-process context. Each process writes its findings to
+OUT/rank<r>.pt or .json, and the test compares them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from accelerate import PartialState
+
+from raptb.adapters.registry import task_spec
+from raptb.app.config import build_config
+from raptb.app.distributed import DistContext, RankSlice, gather_items
+from raptb.app.step import Trajectories, roll_out
+from raptb.app.train import Trainer
+from raptb.core.replay import ReplayItem, make_buffer
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _rank_main(rank: int, world: int, port: int, body: Callable[..., Any], args: tuple) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        CUDA_VISIBLE_DEVICES="",
+    )
+    PartialState._reset_state()  # the fork copied the test process's (single-process) state
+    torch.set_num_threads(1)
+    try:
+        body(*args)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks(body: Callable[..., Any], *args: Any, world: int = 2) -> None:
+    """``body(*args)`` on ``world`` forked CPU processes joined by gloo; raises when one fails."""
+    mp.start_processes(
+        _rank_main,
+        args=(world, _free_port(), body, args),
+        nprocs=world,
+        join=True,
+        start_method="fork",
+    )
+
+
+def cli(*args: str, expect: int = 0) -> None:
+    """``raptb ARGS`` in this process; AssertionError unless it exits with ``expect``."""
+    from raptb.app.cli import main
+
+    sys.argv = ["raptb", *args]
+    try:
+        main()
+        code = 0
+    except SystemExit as done:
+        code = done.code or 0
+    assert code == expect, f"raptb {' '.join(args)} exited {code}"
+
+
+# Equivalence run: one optimizer step of grad_accum micro-batches of BATCH rows (global), no replay
+# and no gradient clipping (clipping and AdamW's first step are both blind to a gradient's scale,
+# so the gradients themselves are compared as well as the parameters after the step).
+BATCH, ACCUM = 8, 2
+EQUIVALENCE = {
+    "optim.batch_size": BATCH,
+    "optim.grad_accum": ACCUM,
+    "replay.kind": "none",
+    "steps": 1,
+    "threads": 1,
+    "checkpoint_every": 1,
+}
+
+
+def equivalence(out: Path, ctx: DistContext | None = None) -> None:
+    """Train one step on fixed rollouts (the same BATCH rows per micro-batch on every world size,
+    each rank taking its contiguous share); save gradients, parameters and logZ."""
+    ctx = DistContext.from_accelerate() if ctx is None else ctx
+    micro = iter(range(ACCUM))
+
+    def fixed_collect(policy, task, prompt, n, mix, **_) -> Trajectories:
+        # the global micro-batch, sampled from a seed that depends only on the micro-batch index
+        generator = torch.Generator(device=policy.device).manual_seed(1000 + next(micro))
+        full = roll_out(policy, task, prompt, BATCH, 1.0, generator)
+        part = slice(ctx.rank * n, (ctx.rank + 1) * n)
+        return Trajectories(
+            prompt=prompt,
+            tokens=full.tokens[part],
+            length=full.length[part],
+            rows=full.rows[part],
+            texts=full.texts[part],
+            on_policy=tuple(range(n)),
+            stored_u=None,
+            temperature=1.0,
+            timings=None,
+        )
+
+    config = build_config(overrides=EQUIVALENCE)
+    # clip None is "not given" as an override, so it is set on the built config
+    config = config.model_copy(update={"optim": config.optim.model_copy(update={"clip": None})})
+    assert config.optim.clip is None
+    trainer = Trainer(config, out / "run", progress=False, dist=ctx)
+    named = dict(trainer.policy.model.named_parameters())
+    grads: dict[str, torch.Tensor] = {}
+    step = trainer.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        grads.update({k: p.grad.detach().clone() for k, p in named.items() if p.grad is not None})
+        grads["log_z"] = trainer.log_z.grad.detach().clone()
+        return step(*args, **kwargs)
+
+    with mock.patch("raptb.app.train.collect", fixed_collect):
+        trainer.optimizer.step = recording_step
+        trainer.train()
+    params = {k: p.detach().clone() for k, p in named.items()}
+    params["log_z"] = trainer.log_z.detach().clone()
+    torch.save({"grads": grads, "params": params}, out / f"rank{ctx.rank}.pt")
+
+
+def _items(rng: np.random.Generator, count: int) -> list[ReplayItem]:
+    """Random Expr24-like items: texts over a small alphabet so SubM's similarities matter."""
+    items = []
+    for _ in range(count):
+        length = int(rng.integers(3, 8))
+        tokens = tuple(int(t) for t in rng.integers(0, 6, size=length))
+        u = np.concatenate([np.zeros(length), [rng.uniform(0, 1)]])
+        items.append(
+            ReplayItem(
+                prompt="p",
+                tokens=tokens,
+                text="".join("1234+*"[t] for t in tokens),
+                log_r=u,
+                u=u,
+                valid=bool(rng.random() < 0.7),
+            )
+        )
+    return items
+
+
+def buffers(out: Path) -> None:
+    """Several refreshes of a SubM and an RP buffer with rank-specific new items (gathered, as in
+    the trainer), then split replay draws; save what every rank holds and drew."""
+    ctx = DistContext.from_accelerate()
+    found = {}
+    for kind in ("subm", "rp"):
+        options = task_spec("expr24").subm if kind == "subm" else {}
+        buffer = make_buffer(kind, capacity=12, **options)
+        own = np.random.default_rng([ctx.rank, len(kind)])  # differs by rank
+        for _ in range(5):
+            buffer.add(gather_items(ctx, _items(own, 6)))
+        shared = np.random.default_rng(7)  # seeded equally on every rank, like Trainer.rng
+        drawn = RankSlice(buffer, ctx).sample(5, shared, "p")
+        found[kind] = {
+            "stored": [[it.text, it.terminal_u, it.valid] for it in buffer.items("p")],
+            "drawn": [it.text for it in drawn],
+            "global_draw": [
+                it.text for it in buffer.sample(5 * ctx.world_size, np.random.default_rng(7), "p")
+            ],
+            "rng_after": int(shared.integers(1 << 30)),
+        }
+    (out / f"rank{ctx.rank}.json").write_text(json.dumps(found))
