@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from raptb.adapters.amp_metrics import TOP_K
 from raptb.adapters.amp_oracle import (
     MACREL_ORACLE,
     CheckedOracle,
@@ -56,6 +57,7 @@ class AmpTask:
     min_length: int = 5
     max_length: int = 50
     prompt: str = DEFAULT_PROMPT
+    top_k: int = TOP_K  # evaluation's top-k (amp_metrics); the reward does not use it
     name: str = field(default="amp", init=False)
     alphabet: str = field(default=AMINO_ACIDS, init=False)
     grammar: str = field(default_factory=amp_grammar, init=False)
@@ -63,6 +65,8 @@ class AmpTask:
 
     def __post_init__(self) -> None:
         check_length_bounds(self.min_length, self.max_length)
+        if self.top_k < 1:
+            raise ValueError(f"amp.top_k: must be >= 1, got {self.top_k}")
         if self.oracle == MACREL_ORACLE:
             require_macrel()  # fail at construction, with the install hint, not mid-training
         if isinstance(self.oracle, str):
@@ -75,15 +79,16 @@ class AmpTask:
         """The single conditioning prompt."""
         return [self.prompt]
 
-    def score_batch(self, texts: Sequence[str]) -> list[Score]:
-        """Terminal scores of ``texts``: one oracle call on the distinct valid unseen peptides."""
+    def score_batch(self, prompt: str, texts: Sequence[str]) -> list[Score]:
+        """Terminal scores of ``texts`` (prompt unused): one oracle call on the distinct valid
+        unseen peptides (the trainer's reward caller batches through it)."""
         peptides = [t for t in texts if is_peptide(t)]
         probability = dict(zip(peptides, self._oracle(peptides), strict=True))
         return [Score(probability[t], True) if t in probability else _INVALID for t in texts]
 
     def score(self, prompt: str, text: str) -> Score:
         """S(text) = oracle probability (prompt unused); invalid (0) outside the alphabet."""
-        return self.score_batch([text])[0]
+        return self.score_batch(prompt, [text])[0]
 
     def prefix_score(self, prompt: str, text: str) -> Score:
         """u_k = 0 for a prefix that is not the sample's last (terminal-only reward)."""

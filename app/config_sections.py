@@ -162,9 +162,10 @@ class ReplayConfig(Section):
     shingle_k: Annotated[int, Field(ge=1)] | None = Field(
         None, description="SubM Jaccard shingle size k; None: the task's preset."
     )
-    shingle_on: Literal["text", "tokens"] | None = Field(
+    shingle_on: Literal["text", "words", "tokens"] | None = Field(
         None,
-        description="SubM Jaccard shingles of the text or the tokens; None: the task's preset.",
+        description="SubM Jaccard shingles of the text's characters, its words, or the tokens; "
+        "None: the task's preset.",
     )
     subm_method: Literal["lazy", "standard"] = Field(
         "lazy",

@@ -17,7 +17,8 @@ Outputs under ``RUN_DIR/eval/``:
                     (tau), valid (the text is well-formed), correct (the task's success, from
                     its spec: Expr24 valid and equal to 24, other tasks valid), score (S(x)),
                     log_pterm_stop
-                    (= log_pterm[tau]), and per step log_pf [tau], log_pterm [tau+1] (raw,
+                    (= log_pterm[tau]; for CommonGen also ref_log_pterm_stop, the reference
+                    model's), and per step log_pf [tau], log_pterm [tau+1] (raw,
                     untempered model log-probs) and u [tau+1] (the task part lambda * S of the
                     per-prefix log-reward; the reference term kappa * log P_ref is not
                     recomputed), so every metric can be recomputed offline
@@ -62,7 +63,7 @@ from raptb.app.plots import (
     plot_score_by_length,
     plot_training_curves,
 )
-from raptb.app.runtime import PrefixScorer, build_policy, build_task
+from raptb.app.runtime import PrefixScorer, build_policy, build_task, pad_rows
 from raptb.core.ports import Task
 
 EVAL_DIR = "eval"
@@ -125,22 +126,20 @@ def _sample_rows(
     """Draw and score ``samples`` trajectories (this rank's chunks, then gathered from all
     ranks in chunk order); one JSON-ready dict per sample."""
     generator = torch.Generator(device=policy.device).manual_seed(sampling_seed(seed, dist.rank))
-    prompts = task.prompts()
-    starts = list(range(0, samples, batch_size))
-    mine = [chunk for chunk in range(len(starts)) if chunk % dist.world_size == dist.rank]
+    chunks = _chunks(task.prompts(), samples, batch_size, per_prompt=spec.eval_per_prompt)
+    mine = [chunk for chunk in range(len(chunks)) if chunk % dist.world_size == dist.rank]
     by_chunk: list[tuple[int, list[dict[str, Any]]]] = []
     rows: list[dict[str, Any]] = []
     hits = 0
-    share = sum(min(batch_size, samples - starts[chunk]) for chunk in mine)
+    share = sum(chunks[chunk][1] for chunk in mine)
     with _progress(progress and dist.is_main) as bar:
         job = bar.add_task("sampling", total=share)
         for chunk in mine:
-            start = starts[chunk]
+            prompt, n = chunks[chunk]
             by_chunk.append((chunk, []))
-            prompt = prompts[chunk % len(prompts)]
             rollout = policy.sample(
                 prompt,
-                min(batch_size, samples - start),
+                n,
                 min_length=task.min_length,
                 max_length=task.max_length,
                 temperature=1.0,
@@ -155,7 +154,7 @@ def _sample_rows(
                 strict=True,
             )
             for tokens, tau, log_pf, log_pterm, text in columns:
-                prefix_scores = [scorer.score_text(prompt, t) for t in scorer.texts(tokens[:tau])]
+                prefix_scores = scorer.prefix_scores(prompt, scorer.texts(tokens[:tau]))
                 score = prefix_scores[-1]  # the full prefix is the sample's text
                 correct = spec.is_correct(score)
                 hits += correct
@@ -183,6 +182,49 @@ def _sample_rows(
         return rows
     gathered = sorted(pair for rank in dist.all_gather_object(by_chunk) for pair in rank)
     return [row for _, chunk_rows in gathered for row in chunk_rows]
+
+
+def _chunks(
+    prompts: list[str], samples: int, batch_size: int, *, per_prompt: bool
+) -> list[tuple[str, int]]:
+    """(prompt, rows) of each sampling chunk: ``samples`` in all, chunks cycling through the
+    prompts; with ``per_prompt``, ``samples`` for every prompt, prompt after prompt."""
+    if per_prompt:
+        return [
+            (prompt, min(batch_size, samples - start))
+            for prompt in prompts
+            for start in range(0, samples, batch_size)
+        ]
+    return [
+        (prompts[chunk % len(prompts)], min(batch_size, samples - start))
+        for chunk, start in enumerate(range(0, samples, batch_size))
+    ]
+
+
+@torch.no_grad()
+def _add_reference_pterm(
+    rows: list[dict[str, Any]], reference: HFPolicy, *, adapter: bool, batch_size: int
+) -> None:
+    """Add ``ref_log_pterm_stop`` to each row: the reference model's log p_term at its stop.
+
+    adapter: ``reference`` is the trained LoRA policy, scored with its adapter disabled;
+    otherwise it is a policy on the run's initial weights, scored as it is.
+    """
+    score = reference.reference_score if adapter else reference.score
+    reference.model.eval()
+    by_prompt: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_prompt.setdefault(row["prompt"], []).append(row)
+    for prompt, group in by_prompt.items():
+        for start in range(0, len(group), batch_size):
+            chunk = group[start : start + batch_size]
+            width = max(1, max(r["length"] for r in chunk))
+            tokens = pad_rows([r["tokens"] for r in chunk], width, reference.pad_id)
+            length = torch.tensor([r["length"] for r in chunk], dtype=torch.long)
+            _, log_pterm = score(prompt, tokens, length)
+            stop = log_pterm.gather(1, length.to(log_pterm.device)[:, None])[:, 0]
+            for row, value in zip(chunk, stop.float().cpu().tolist(), strict=True):
+                row["ref_log_pterm_stop"] = value
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -224,7 +266,8 @@ def evaluate(
     dist: the processes sharing the sampling (default: from the launcher's environment); rank 0
         writes, every rank returns the metrics.
 
-    samples: N, default the run's ``eval_samples`` (else the task's default). Returns the dict
+    samples: N, default the run's ``eval_samples`` (else the task's default); per prompt for a
+    task whose spec sets ``eval_per_prompt`` (CommonGen). Returns the dict
     written to metrics.json.
     When the run's config sets ``threads``, torch's (process-wide) thread count is set to it.
 
@@ -276,6 +319,12 @@ def evaluate(
         progress=progress,
         dist=dist,
     )
+    if spec.reference_pterm and dist.is_main:
+        adapter = bool(config.lora.rank)
+        reference = (
+            policy if adapter else build_policy(config.model, task, config.seed, device=dist.device)
+        )
+        _add_reference_pterm(rows, reference, adapter=adapter, batch_size=batch_size)
     return dist.on_main(
         lambda: _write_eval(
             run_dir, checkpoint, config, spec, task, rows, seed, batch_size, dist.world_size
@@ -338,7 +387,10 @@ def _cell(value: float) -> str:
 
 
 def _samples_help() -> str:
-    defaults = ", ".join(f"{name} {task_spec(name).eval_samples}" for name in task_names())
+    defaults = ", ".join(
+        f"{name} {task_spec(name).eval_samples}{' per prompt' * task_spec(name).eval_per_prompt}"
+        for name in task_names()
+    )
     return f"Number of samples N. Default: the run's eval_samples, else the task's ({defaults})."
 
 

@@ -18,6 +18,12 @@ pickled once per worker, so it must be picklable (a reward function defined at m
 A spawned worker re-imports the main module; the ``raptb`` command's is ``app.entry``, which
 imports nothing heavy, so a worker starts in about the time its task's imports take.
 Outcomes come back in order and as the same Python floats, so pooled scores equal serial ones.
+
+Finished texts and prefixes (``finished=False``: a prefix x_1..x_k with k < tau) are scored by
+the task's ``score`` and, where it has one, ``prefix_score`` (the Task port). A task with
+``score_batch(prompt, texts)`` has its finished texts scored in one call per chunk (AMP's oracle
+is far faster batched); when that call raises, the chunk is scored one by one, so a failure is
+still counted per text.
 """
 
 from __future__ import annotations
@@ -46,16 +52,36 @@ class RewardFailure(ValueError):
     """The reward failed on every call for too many steps, or cannot run in workers."""
 
 
-def _call(task: Task, prompt: str, text: str) -> Outcome:
-    score_fn = getattr(task, "unchecked_score", task.score)
-    try:
-        score = score_fn(prompt, text)
-        value = float(score.value)
-    except Exception as exc:  # any fault of the user's reward marks this one sample invalid
-        return ("error", type(exc).__name__, str(exc)[:200])
+def _outcome(score: Score) -> Outcome:
+    value = float(score.value)
     if not math.isfinite(value):
         return ("nonfinite", repr(value), "")
     return ("ok", value, bool(score.valid))
+
+
+def _call(task: Task, prompt: str, text: str, finished: bool = True) -> Outcome:
+    score_fn = getattr(task, "unchecked_score", task.score)
+    if not finished:
+        score_fn = getattr(task, "prefix_score", score_fn)
+    try:
+        return _outcome(score_fn(prompt, text))
+    except Exception as exc:  # any fault of the user's reward marks this one sample invalid
+        return ("error", type(exc).__name__, str(exc)[:200])
+
+
+def _call_many(task: Task, prompt: str, texts: Sequence[str], finished: bool) -> list[Outcome]:
+    """Outcomes of ``texts``: one ``score_batch`` call for finished texts where the task has it
+    (one by one when it raises, to count each failure), else one call per text."""
+    batch = getattr(task, "score_batch", None)
+    if finished and batch is not None and len(texts) > 1:
+        try:
+            scores = list(batch(prompt, list(texts)))
+            if len(scores) != len(texts):
+                raise ValueError(f"score_batch returned {len(scores)} scores for {len(texts)}")
+            return [_outcome(score) for score in scores]
+        except Exception:  # located text by text below, with the failures counted
+            pass
+    return [_call(task, prompt, text, finished) for text in texts]
 
 
 def _init_worker(task: Task) -> None:
@@ -66,9 +92,9 @@ def _init_worker(task: Task) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def _score_chunk(prompt: str, texts: Sequence[str]) -> list[Outcome]:
+def _score_chunk(prompt: str, texts: Sequence[str], finished: bool) -> list[Outcome]:
     assert _worker_task is not None  # set by _init_worker
-    return [_call(_worker_task, prompt, text) for text in texts]
+    return _call_many(_worker_task, prompt, texts, finished)
 
 
 class RewardCaller:
@@ -99,10 +125,13 @@ class RewardCaller:
         self._run_nonfinite = 0
         self._steps_with_failures = 0
 
-    def score_many(self, prompt: str, texts: Sequence[str]) -> list[Score]:
-        """One Score per text, in order (duplicates are scored once)."""
+    def score_many(
+        self, prompt: str, texts: Sequence[str], *, finished: bool = True
+    ) -> list[Score]:
+        """One Score per text, in order (duplicates are scored once); ``finished=False`` scores
+        them as unfinished prefixes (the task's ``prefix_score`` where it has one)."""
         distinct = list(dict.fromkeys(texts))
-        outcomes = dict(zip(distinct, self._outcomes(prompt, distinct), strict=True))
+        outcomes = dict(zip(distinct, self._outcomes(prompt, distinct, finished), strict=True))
         scores = {}
         for text, (kind, a, b) in outcomes.items():
             self._calls += 1
@@ -118,13 +147,13 @@ class RewardCaller:
             scores[text] = Score(0.0, False)
         return [scores[text] for text in texts]
 
-    def _outcomes(self, prompt: str, texts: list[str]) -> list[Outcome]:
+    def _outcomes(self, prompt: str, texts: list[str], finished: bool) -> list[Outcome]:
         if self.workers < 1 or len(texts) < 2:
-            return [_call(self.task, prompt, text) for text in texts]
+            return _call_many(self.task, prompt, texts, finished)
         pool = self._pool or self._start_pool()
         size = max(1, math.ceil(len(texts) / (self.workers * CHUNKS_PER_WORKER)))
         chunks = [texts[i : i + size] for i in range(0, len(texts), size)]
-        done = pool.map(_score_chunk, [prompt] * len(chunks), chunks)
+        done = pool.map(_score_chunk, [prompt] * len(chunks), chunks, [finished] * len(chunks))
         return [outcome for chunk in done for outcome in chunk]
 
     def _start_pool(self) -> ProcessPoolExecutor:

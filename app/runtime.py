@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from raptb.adapters.lora import apply_lora, load_adapter_weights, preferred_dtype
 from raptb.adapters.models import load_model_and_tokenizer
@@ -69,7 +70,7 @@ def build_policy(
             load_adapter_weights(model, adapter)
     elif adapter is not None:
         raise ValueError("adapter: loading adapter weights needs lora.rank")
-    stop_id = stop_token_id(tokenizer)
+    stop_id = _stop_id(tokenizer, getattr(task, "stop", None))
     legal = legal_token_ids(tokenizer, task.alphabet, stop_id=stop_id)
     return HFPolicy(
         model,
@@ -79,6 +80,16 @@ def build_policy(
         grammar=task.grammar,
         grammar_threads=default_grammar_threads(device),
     )
+
+
+def _stop_id(tokenizer: PreTrainedTokenizerBase, stop: str | None) -> int:
+    """The task's stop token (CommonGen's ".") where the tokenizer has it as one token, else EOS."""
+    if stop is not None:
+        try:
+            return stop_token_id(tokenizer, stop)
+        except ValueError:
+            _log.info("stop %r is not one token of this tokenizer; stopping at EOS", stop)
+    return stop_token_id(tokenizer)
 
 
 # Entries of the prefix-score cache for a task that declares no ``score_cache_size``: a long run
@@ -101,25 +112,30 @@ class ScoredRows:
     s: np.ndarray
 
 
+CacheKey = tuple[str, str, bool]
+"""(prompt, text, finished): a prefix text equal to a finished text is a different entry when the
+task scores prefixes differently."""
+
+
 class ScoreCache:
-    """Least-recently-used map (prompt, text) -> Score holding at most ``size`` entries."""
+    """Least-recently-used map (prompt, text, finished) -> Score of at most ``size`` entries."""
 
     def __init__(self, size: int) -> None:
         if size < 1:
             raise ValueError(f"size: must be >= 1, got {size}")
         self.size = size
-        self._entries: OrderedDict[tuple[str, str], Score] = OrderedDict()
+        self._entries: OrderedDict[CacheKey, Score] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, key: tuple[str, str]) -> Score | None:
+    def get(self, key: CacheKey) -> Score | None:
         hit = self._entries.get(key)
         if hit is not None:
             self._entries.move_to_end(key)
         return hit
 
-    def put(self, key: tuple[str, str], score: Score) -> None:
+    def put(self, key: CacheKey, score: Score) -> None:
         self._entries[key] = score
         self._entries.move_to_end(key)
         if len(self._entries) > self.size:
@@ -129,6 +145,10 @@ class ScoreCache:
 class PrefixScorer:
     """Scores every prefix of generated token sequences with the task, through one bounded cache.
 
+    A row's last prefix (k = tau, the finished text) is scored by ``task.score``; its earlier
+    prefixes (k < tau) by ``task.prefix_score`` when the task defines it (AMP: 0; CommonGen: no
+    hard bonus, no validity), else by ``task.score`` too (Expr24 and SMILES score every prefix
+    alike, and then a prefix and an equal finished text share one cache entry).
     The cache holds ``task.score_cache_size`` entries when the task declares it (Expr24), else
     :data:`DEFAULT_SCORE_CACHE_SIZE`. :meth:`score_many` is the only caller of the reward.
     Rewards are computed through ``rewards`` (default: serial, no warnings), which counts failed
@@ -147,6 +167,7 @@ class PrefixScorer:
         self.rewards = rewards or RewardCaller(task)
         self._text_of = dict(zip(policy.legal_ids, policy.texts, strict=True))
         self.cache = ScoreCache(getattr(task, "score_cache_size", DEFAULT_SCORE_CACHE_SIZE))
+        self._scores_prefixes = callable(getattr(task, "prefix_score", None))
 
     def texts(self, tokens: Sequence[int], text: str | None = None) -> list[str]:
         """Texts of the prefixes k = 0..len(tokens); ``text``, the whole row's text when the caller
@@ -156,30 +177,38 @@ class PrefixScorer:
         ends = accumulate((len(self._text_of[int(t)]) for t in tokens), initial=0)
         return [text[:end] for end in ends]
 
-    def score_many(self, prompt: str, texts: Sequence[str]) -> list[Score]:
-        """Task scores of ``texts`` for ``prompt``, uncached, in order, through the reward caller
-        (a text whose reward raises or is not finite counts as invalid, and is counted)."""
-        return self.rewards.score_many(prompt, texts)
+    def score_many(self, prompt: str, texts: Sequence[str], finished: bool = True) -> list[Score]:
+        """Task scores of ``texts`` for ``prompt`` (finished texts, or prefixes with
+        ``finished=False``), uncached, in order, through the reward caller (a text whose reward
+        raises or is not finite counts as invalid, and is counted)."""
+        return self.rewards.score_many(prompt, texts, finished=finished)
 
-    def scores(self, prompt: str, texts: Iterable[str]) -> dict[str, Score]:
-        """Score of each distinct text: cached ones from the cache, the rest by one
-        :meth:`score_many` call (then cached)."""
+    def scores(self, prompt: str, texts: Iterable[str], finished: bool = True) -> dict[str, Score]:
+        """Score of each distinct text (finished, or unfinished prefixes): cached ones from the
+        cache, the rest by one :meth:`score_many` call (then cached)."""
+        finished = finished or not self._scores_prefixes
         found: dict[str, Score] = {}
         missing = []
         for text in dict.fromkeys(texts):
-            hit = self.cache.get((prompt, text))
+            hit = self.cache.get((prompt, text, finished))
             if hit is None:
                 missing.append(text)
             else:
                 found[text] = hit
         if missing:
-            for text, score in zip(missing, self.score_many(prompt, missing), strict=True):
-                self.cache.put((prompt, text), score)
+            scored = self.score_many(prompt, missing, finished)
+            for text, score in zip(missing, scored, strict=True):
+                self.cache.put((prompt, text, finished), score)
                 found[text] = score
         return found
 
-    def score_text(self, prompt: str, text: str) -> Score:
-        return self.scores(prompt, [text])[text]
+    def score_text(self, prompt: str, text: str, finished: bool = True) -> Score:
+        return self.scores(prompt, [text], finished)[text]
+
+    def prefix_scores(self, prompt: str, prefixes: Sequence[str]) -> list[Score]:
+        """Scores of one row's prefix texts k = 0..tau: the last finished, the others not."""
+        found = self.scores(prompt, prefixes[:-1], finished=False)
+        return [*(found[t] for t in prefixes[:-1]), self.score_text(prompt, prefixes[-1])]
 
     def score_rows(
         self,
@@ -188,16 +217,21 @@ class PrefixScorer:
         max_length: int,
         texts: Sequence[str] | None = None,
     ) -> ScoredRows:
-        """Per-prefix rewards of token ``rows`` (with each row's text when known), every prefix of
-        the batch scored through one :meth:`scores` call."""
+        """Per-prefix rewards of token ``rows`` (with each row's text when known): every prefix of
+        the batch scored through one :meth:`scores` call (two for a task with ``prefix_score``:
+        the unfinished prefixes, then the finished texts)."""
         prefixes = [
             self.texts(tokens, None if texts is None else texts[b]) for b, tokens in enumerate(rows)
         ]
-        found = self.scores(prompt, (text for row in prefixes for text in row))
+        if self._scores_prefixes:
+            early = self.scores(prompt, (text for row in prefixes for text in row[:-1]), False)
+            final = self.scores(prompt, (row[-1] for row in prefixes))
+        else:
+            early = final = self.scores(prompt, (text for row in prefixes for text in row))
         s = np.zeros((len(rows), max_length + 1))
         for b, row in enumerate(prefixes):
-            s[b, : len(row)] = [found[text].value for text in row]
-        return ScoredRows(u=self.reward_scale * s, scores=[found[row[-1]] for row in prefixes], s=s)
+            s[b, : len(row)] = [early[text].value for text in row[:-1]] + [final[row[-1]].value]
+        return ScoredRows(u=self.reward_scale * s, scores=[final[row[-1]] for row in prefixes], s=s)
 
 
 def reference_log_prob(

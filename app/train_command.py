@@ -130,6 +130,8 @@ def train_command(
     ] = None,
     kappa: Annotated[float | None, _flag("reward.kappa")] = None,
     reward_scale: Annotated[float | None, _flag("reward.reward_scale")] = None,
+    prompts: Annotated[str | None, _flag("commongen.prompts")] = None,
+    oracle: Annotated[str | None, _flag("amp.oracle")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Train a GFlowNet sampler, or a PPO/GRPO baseline (defaults: the paper's Expr24 setting,
@@ -154,6 +156,8 @@ def train_command(
         "replay.subm_weights": subm_weights,
         "reward.kappa": kappa,
         "reward.reward_scale": reward_scale,
+        "commongen.prompts": prompts,
+        "amp.oracle": oracle,
     }
     if resume and overwrite:
         raise _fail("--resume and --overwrite exclude each other")

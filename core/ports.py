@@ -50,6 +50,15 @@ class Task(Protocol):
     (a 1-D array for the replay similarity backend) and ``canonical`` (a dedup key or None); the
     trainer attaches them to replay items (SMILES: the merged molecule's fingerprint). It may
     declare ``score_cache_size``, the number of (prompt, text) scores the trainer keeps cached.
+
+    Optional scoring methods (the trainer uses them where a task has them):
+
+    - ``prefix_score(prompt, text) -> Score``: the score of an unfinished prefix x_1..x_k with
+      k < tau, when it differs from that of the same text finished (AMP: 0, the reward is
+      terminal-only; CommonGen: no hard bonus and no validity test before the end). Without it
+      every prefix is scored by ``score``.
+    - ``score_batch(prompt, texts) -> list[Score]``: ``score`` of many finished texts at once
+      (one per text, in order), for a reward that is much faster batched (AMP's oracle).
     """
 
     name: str
@@ -63,7 +72,7 @@ class Task(Protocol):
         ...
 
     def score(self, prompt: str, text: str) -> Score:
-        """Score the generated ``text`` (without prompt or stop token) for ``prompt``."""
+        """Score the finished generated ``text`` (without prompt or stop token) for ``prompt``."""
         ...
 
 

@@ -19,7 +19,9 @@ Two backends, both returning float32 matrices with values in [0, 1]:
   64-bit integers (FNV-1a over the code points / token ids plus a splitmix64 finaliser, so
   stable across processes) and kept as sorted unique int64 arrays (memoised per sequence, since
   buffer items recur every refresh); intersections are linear merges in Numba. Two distinct
-  shingles collide with probability about 2^-64.
+  shingles collide with probability about 2^-64. With ``words=True`` a string shingles over its
+  words instead (lower-cased runs of letters and digits, inner apostrophes kept; each word hashed
+  like a character k-gram), so k = 1 is the word-unigram Jaccard of CommonGen's SubM column.
 
 ``core.similarity_cache`` keeps these matrices up to date across replay refreshes. Token edit
 distance (Levenshtein on integer sequences) for RP's near-duplicate filter lives here too.
@@ -27,6 +29,7 @@ distance (Levenshtein on integer sequences) for RP's near-duplicate filter lives
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numba as nb
@@ -35,6 +38,7 @@ from numba import types
 from numba.extending import intrinsic
 
 _MASK64 = (1 << 64) - 1
+_WORD = re.compile(r"[a-z0-9]+(?:'[a-z0-9]+)*")
 
 
 @intrinsic
@@ -147,6 +151,16 @@ def shingle_ids(seq: str | Sequence[int], k: int = 2) -> np.ndarray:
     return np.unique(hashes)
 
 
+def word_symbols(text: str) -> list[int]:
+    """The words of ``text`` (lower-cased letter/digit runs) as stable 64-bit hashes, in order."""
+    return [_hash_gram([ord(c) for c in word]) for word in _WORD.findall(text.lower())]
+
+
+def word_shingle_ids(text: str, k: int = 1) -> np.ndarray:
+    """Sorted unique int64 hashes of the word k-grams of ``text`` (``shingle_ids`` over words)."""
+    return shingle_ids(word_symbols(text), k)
+
+
 def _to_csr(sets: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.zeros(len(sets) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(s) for s in sets])
@@ -206,16 +220,18 @@ class TanimotoSimilarity:
 class ShingleJaccardSimilarity:
     """``Similarity`` port over strings or token sequences: Jaccard of k-gram shingle sets.
 
+    words: shingle strings over their words (``word_shingle_ids``) instead of their characters.
     Shingle sets are memoised by sequence (at most ``memo_size`` entries, then the memo restarts).
     """
 
     #: pairwise(a, b)[i, j] == pairwise(b, a)[j, i] exactly (see ``SimilarityCache``).
     symmetric = True
 
-    def __init__(self, k: int = 2, memo_size: int = 65536) -> None:
+    def __init__(self, k: int = 2, memo_size: int = 65536, *, words: bool = False) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         self.k = k
+        self.words = words
         self.memo_size = memo_size
         self._memo: dict[str | tuple[int, ...], np.ndarray] = {}
 
@@ -225,7 +241,11 @@ class ShingleJaccardSimilarity:
         if ids is None:
             if len(self._memo) >= self.memo_size:
                 self._memo = {}
-            ids = self._memo[key] = shingle_ids(key, self.k)
+            ids = self._memo[key] = (
+                word_shingle_ids(key, self.k)
+                if self.words and isinstance(key, str)
+                else shingle_ids(key, self.k)
+            )
         return ids
 
     def pairwise(self, a: Sequence[object], b: Sequence[object]) -> np.ndarray:

@@ -9,12 +9,12 @@ score, not lambda S, which would tilt the reward/diversity balance lambda-fold) 
 terminal log-reward; S >= 0 keeps f monotone, while log_r includes kappa log P_ref < 0, and items
 whose gain is not positive are not kept, so with it the buffer can hold fewer than ``capacity``
 items. ``valid`` is the task's replay validity (Expr24: correct), which gating and w_val use.
-Similarity is Jaccard on k-gram shingles of the text (or tokens) or Tanimoto on
-``item.features`` (packed uint64 fingerprints); an item without features is dissimilar to
-everything. Only new x all
-similarities are computed per refresh (``SimilarityCache.quantised``, which keeps the
-2**-15 fixed-point matrix the selection works on). ``diversity="dispersion"`` swaps the
-facility term for the reference code's dispersion rule, for comparison runs.
+Similarity is Jaccard on k-gram shingles of the text's characters or words (or of the tokens)
+or Tanimoto on ``item.features`` (packed uint64 fingerprints); an item without features is
+dissimilar to everything. Only new x all similarities are computed per refresh
+(``SimilarityCache.quantised``, which keeps the 2**-15 fixed-point matrix the selection works
+on). ``diversity="dispersion"`` swaps the facility term for the reference code's dispersion
+rule, for comparison runs.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from raptb.core.subm import DIVERSITY, power_bin_alpha, subm_select
 #: SubM's static reward r(x): the task score S, the task-only terminal reward lambda S, or the
 #: full terminal log-reward.
 REWARDS = ("score", "u", "log_r")
+# What Jaccard shingles: the text's characters, its words, or the token ids.
+SHINGLE_UNITS = ("text", "words", "tokens")
 
 
 class SubmodularBuffer(ReplayBuffer):
@@ -70,8 +72,8 @@ class SubmodularBuffer(ReplayBuffer):
                 raise ValueError(f"{name} must be finite and non-negative, got {w}")
         if similarity not in ("jaccard", "tanimoto"):
             raise ValueError(f"similarity must be 'jaccard' or 'tanimoto', got {similarity!r}")
-        if shingle_on not in ("text", "tokens"):
-            raise ValueError(f"shingle_on must be 'text' or 'tokens', got {shingle_on!r}")
+        if shingle_on not in SHINGLE_UNITS:
+            raise ValueError(f"shingle_on must be one of {SHINGLE_UNITS}, got {shingle_on!r}")
         if length_bin_size < 1:
             raise ValueError(f"length_bin_size must be >= 1, got {length_bin_size}")
         if reward not in REWARDS:
@@ -117,11 +119,11 @@ class SubmodularBuffer(ReplayBuffer):
     def _backend(self) -> object:
         if self.similarity == "tanimoto":
             return TanimotoSimilarity()
-        return ShingleJaccardSimilarity(self.shingle_k)
+        return ShingleJaccardSimilarity(self.shingle_k, words=self.shingle_on == "words")
 
     def _feature(self, item: ReplayItem, n_words: int) -> object:
         if self.similarity == "jaccard":
-            return item.text if self.shingle_on == "text" else item.tokens
+            return item.tokens if self.shingle_on == "tokens" else item.text
         if item.features is None:
             return np.zeros(n_words, dtype=np.uint64)
         if item.features.dtype != np.uint64 or item.features.size != n_words:

@@ -41,7 +41,7 @@ def test_task_shape_and_shipped_data() -> None:
 def test_terminal_only_score_batched_and_cached() -> None:
     length_oracle.calls.clear()
     task = AmpTask(oracle=length_oracle)
-    scores = task.score_batch(["ACDEF", "ACDEF", "AXZ", "", "KKKKKKKKKK"])
+    scores = task.score_batch("p", ["ACDEF", "ACDEF", "AXZ", "", "KKKKKKKKKK"])
     assert scores == [
         Score(0.1, True),
         Score(0.1, True),
@@ -95,7 +95,7 @@ def test_macrel_default_oracle() -> None:
     pytest.importorskip("macrel")
     pytest.importorskip("onnxruntime")
     task = AmpTask()
-    [a, b] = task.score_batch(["GLFDIVKKVVGALGSL", "DEDEDEDEDE"])
+    [a, b] = task.score_batch("p", ["GLFDIVKKVVGALGSL", "DEDEDEDEDE"])
     assert a.valid and b.valid and 0.0 <= b.value < a.value <= 1.0
 
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from raptb.adapters.models import (
     PRINTABLE_ASCII,
     build_char_tokenizer,
+    build_tiny_model,
     load_model_and_tokenizer,
 )
 from raptb.adapters.tokens import legal_token_ids, special_token_ids, stop_token_id
@@ -64,8 +65,27 @@ def test_tiny_model_is_deterministic_in_seed_and_spares_global_rng() -> None:
     assert torch.equal(wa, wb)
     assert not torch.equal(wa, wc)
     cfg = a.config
-    assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_positions) == (2, 64, 4, 64)
+    assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_positions) == (2, 64, 4, 128)
     assert cfg.vocab_size == len(TOKENIZER)
+    assert a.transformer.wpe.weight.shape == (128, 64)
+    assert torch.equal(a.transformer.wpe.weight, b.transformer.wpe.weight)
+
+
+def test_tiny_model_extra_positions_leave_the_64_position_model_unchanged() -> None:
+    small = build_tiny_model(TOKENIZER, seed=3, n_positions=64)
+    big = build_tiny_model(TOKENIZER, seed=3)
+    assert small.config.n_positions == 64 and big.config.n_positions == 128
+    small_state, big_state = small.state_dict(), big.state_dict()
+    assert small_state.keys() == big_state.keys()
+    for name, value in small_state.items():
+        other = big_state[name]
+        assert torch.equal(value, other[: len(value)] if name.endswith("wpe.weight") else other)
+    # a 100-token input runs, and its first 64 positions see the 64-position model's function
+    ids = torch.randint(0, 95, (2, 100), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        long_logits = big(input_ids=ids).logits
+        short_logits = small(input_ids=ids[:, :64]).logits
+    torch.testing.assert_close(long_logits[:, :64], short_logits)
 
 
 def test_tiny_model_dtype() -> None:

@@ -280,7 +280,7 @@ def test_bad_arguments(policy: HFPolicy) -> None:
     with pytest.raises(ValueError, match="n:"):
         policy.sample("", 0, min_length=1, max_length=3)
     with pytest.raises(ValueError, match="max_length"):
-        policy.sample("", 4, min_length=1, max_length=64)  # 1 prompt token + 64 > 64 positions
+        policy.sample("", 4, min_length=1, max_length=128)  # 1 prompt token + 128 > 128 positions
     with pytest.raises(ValueError, match="length"):
         policy.score("", torch.zeros(2, 3, dtype=torch.long), torch.tensor([1, 4]))
     tok = policy.tokenizer

@@ -35,3 +35,12 @@ def slow(prompt: str, text: str) -> float:
     """A 0.1 s reward, like a property predictor or a docking call."""
     time.sleep(0.1)
     return count_a(prompt, text)
+
+
+def hydrophobic_oracle(sequences: list[str]) -> list[float]:
+    """A toy AMP oracle: the fraction of hydrophobic residues (A, I, L, M, F, V, W)."""
+    return [sum(c in "AILMFVW" for c in s) / len(s) for s in sequences]
+
+
+def broken_oracle(sequences: list[str]) -> list[float]:
+    raise RuntimeError("oracle service down")

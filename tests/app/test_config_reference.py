@@ -15,7 +15,7 @@ from raptb.app.config_reference import TABLE_END, TABLE_START, config_fields, ma
 from raptb.core.objectives import OBJECTIVES
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-BUILTIN_TASKS = ("expr24", "smiles", "custom")
+BUILTIN_TASKS = ("expr24", "smiles", "commongen", "amp", "custom")
 
 
 def test_every_field_is_described() -> None:

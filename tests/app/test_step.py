@@ -124,9 +124,9 @@ def test_reward_scores_each_distinct_uncached_prefix_in_one_call(setup, monkeypa
     calls: list[list[str]] = []
     real = scorer.score_many
 
-    def spy(prompt: str, texts):
+    def spy(prompt: str, texts, finished=True):
         calls.append(list(texts))
-        return real(prompt, texts)
+        return real(prompt, texts, finished)
 
     monkeypatch.setattr(scorer, "score_many", spy)
     batch = rollout(setup)

@@ -191,3 +191,26 @@ def test_shipped_studies_plan(study):
     result = CliRunner().invoke(app, ["study", str(study), "--dry-run"])
     assert result.exit_code == 0, result.output
     assert f"{len(runs)} runs" in result.output
+
+
+@pytest.mark.parametrize(
+    ("study", "task", "steps"),
+    [
+        ("commongen_main.toml", "commongen", {"TB": 2500, "SubTB": 2500, "RapTB": 2500}),
+        ("amp_main.toml", "amp", {"TB": 10000, "SubTB": 10000, "RapTB": 5000}),
+    ],
+)
+def test_text_task_main_tables_plan_the_papers_rows(study, task, steps):
+    runs = plan(STUDIES / study)
+    assert len(runs) == 12
+    rows = list(dict.fromkeys(r.row for r in runs))
+    assert rows == ["TB", "SubTB", "RapTB", "RapTB+SubM"]
+    by_row = {r.row: r.config for r in runs if r.seed == 0}
+    assert {r.config.task for r in runs} == {task}
+    for row, config in by_row.items():
+        want_loss = {"TB": "tb", "SubTB": "subtb"}.get(row, "raptb")
+        assert config.loss == want_loss
+        assert config.replay.kind == ("subm" if row == "RapTB+SubM" else "rp")
+        assert config.steps == steps.get(row, 3000 if task == "amp" else 2500)
+    # the task's preset (the paper's column) reaches every run
+    assert {r.config.reward.kappa for r in runs} == {1.0}

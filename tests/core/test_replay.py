@@ -343,3 +343,41 @@ def test_factory_and_constructor_errors():
     with pytest.raises(ValueError, match="config"):
         make_buffer("rp", capacity=3).load_state_dict(make_buffer("rp").state_dict())
     assert math.isclose(make_buffer("prt").alpha, 0.7)
+
+
+def test_subm_word_unigram_jaccard_selects_on_words():
+    # CommonGen's column: word-unigram Jaccard, length bins of 4, w_len 0
+    words = ["dog", "cat", "ran", "sat", "the", "a", "field", "park"]
+    rng = np.random.default_rng(3)
+    texts = list(
+        dict.fromkeys(" ".join(rng.choice(words, size=rng.integers(2, 6))) for _ in range(40))
+    )
+    items = [item(range(len(t)), float(rng.random()), text=t) for t in texts]
+    buf = make_buffer(
+        "subm",
+        capacity=8,
+        w_rew=1.0,
+        w_val=1.0,
+        w_div=2.0,
+        w_len=0.0,
+        gating_ratio=1.0,
+        similarity="jaccard",
+        shingle_k=1,
+        shingle_on="words",
+        length_bin_size=4,
+    )
+    buf.add(items)
+    sim = ShingleJaccardSimilarity(1, words=True).pairwise(texts, texts)
+    want = subm_select(
+        sim,
+        np.array([it.terminal_u + 1.0 for it in items]),
+        np.array([it.length // 4 for it in items]),
+        8,
+        w_div=2.0,
+        w_len=0.0,
+        valid=np.ones(len(items), dtype=bool),
+        gating_ratio=1.0,
+    )
+    assert [it.text for it in buf.items()] == [texts[i] for i in want]
+    with pytest.raises(ValueError, match="shingle_on"):
+        make_buffer("subm", shingle_on="sentences")

@@ -117,6 +117,48 @@ def test_jaccard_on_strings_matches_python_sets(a, b, k):
     np.testing.assert_allclose(got, want, atol=1e-6)
 
 
+def _ref_word_jaccard(x: str, y: str, k: int) -> float:
+    """Slow reference: Python sets of word k-gram tuples (words split by hand, not by regex)."""
+
+    def grams(text: str) -> set[tuple[str, ...]]:
+        cleaned = "".join(c if c.isascii() and (c.isalnum() or c == "'") else " " for c in text)
+        tokens = [w.strip("'").lower() for w in cleaned.split()]
+        tokens = [w for w in tokens if w]
+        if not tokens:
+            return set()
+        if len(tokens) <= k:
+            return {tuple(tokens)}
+        return {tuple(tokens[i : i + k]) for i in range(len(tokens) - k + 1)}
+
+    ga, gb = grams(x), grams(y)
+    union = ga | gb
+    return len(ga & gb) / len(union) if union else 0.0
+
+
+_SENTENCE = st.lists(
+    st.sampled_from(["The", "dog", "dogs", "ran", "RAN", "fast", "cat", "sat", ",", ".", "  "]),
+    max_size=9,
+).map(" ".join)
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=st.lists(_SENTENCE, min_size=1, max_size=5), b=st.lists(_SENTENCE, max_size=5))
+def test_word_jaccard_matches_python_sets_of_words(a, b):
+    for k in (1, 2):
+        got = ShingleJaccardSimilarity(k, words=True).pairwise(a, b)
+        want = np.array([[_ref_word_jaccard(x, y, k) for y in b] for x in a])
+        want = want.reshape(len(a), len(b))
+        np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_word_unigram_jaccard_by_hand():
+    sim = ShingleJaccardSimilarity(1, words=True)
+    # {a, dog, runs} vs {the, dog, runs, fast}: 2 shared of 5
+    got = sim.pairwise(["A dog runs."], ["The dog RUNS fast"])
+    np.testing.assert_allclose(got, [[2 / 5]], atol=1e-7)
+    assert sim.pairwise(["dog dog"], ["dog"])[0, 0] == 1.0
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     a=st.lists(st.lists(st.integers(0, 200_000), max_size=10), min_size=1, max_size=5),
