@@ -33,29 +33,21 @@ Outputs under ``RUN_DIR/eval/``:
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
 import torch
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
-from raptb.adapters.lora import is_adapter_folder
-from raptb.adapters.policy import HFPolicy
 from raptb.adapters.registry import TaskSpec, task_names, task_spec
-from raptb.app.checkpoint import MODEL_DIR, PREFIX, CheckpointError, newest_usable
+from raptb.app.checkpoint import PREFIX
 from raptb.app.config import ConfigError, TrainConfig, load_config
-from raptb.app.distributed import DistContext, dist_rank, sampling_seed
+from raptb.app.distributed import DistContext, dist_rank
+from raptb.app.durable import write_atomically
+from raptb.app.eval_run import EvalError, checkpoint_policy, load_run
+from raptb.app.eval_sampling import add_reference_pterm, sample_rows
 from raptb.app.plots import (
     plot_length_histogram,
     plot_metric_by_length,
@@ -63,7 +55,7 @@ from raptb.app.plots import (
     plot_score_by_length,
     plot_training_curves,
 )
-from raptb.app.runtime import PrefixScorer, build_policy, build_task, pad_rows
+from raptb.app.runtime import PrefixScorer, build_policy, build_task
 from raptb.core.ports import Task
 
 EVAL_DIR = "eval"
@@ -72,166 +64,9 @@ METRICS_FILE = "metrics.json"
 DEFAULT_BATCH_SIZE = 256
 
 
-class EvalError(ValueError):
-    """Evaluation cannot start (bad run directory or argument); the message is one line."""
-
-
 def eval_dir(run_dir: Path) -> Path:
     """Folder the evaluation of ``run_dir`` writes to."""
     return Path(run_dir) / EVAL_DIR
-
-
-def _load_run(run_dir: Path) -> tuple[TrainConfig, Path]:
-    """The run's configuration and its latest checkpoint folder, or a one-line EvalError."""
-    if not run_dir.is_dir():
-        raise EvalError(f"run_dir: {run_dir} is not a directory")
-    config_path = run_dir / "config.toml"
-    if not config_path.is_file():
-        raise EvalError(f"run_dir: {run_dir} has no config.toml (not a run directory)")
-    config = load_config(config_path)
-    try:  # verified; falls back past a bad newest one
-        checkpoint = newest_usable(run_dir, needs=(MODEL_DIR,))
-    except CheckpointError as exc:
-        raise EvalError(f"checkpoint: {exc}") from None
-    if checkpoint is None:
-        raise EvalError(f"run_dir: {run_dir} has no checkpoint under checkpoints/ (train first)")
-    return config, checkpoint
-
-
-def _progress(enabled: bool) -> Progress:
-    # stderr, so that ``--json`` keeps stdout for the metrics alone
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        disable=not enabled,
-    )
-
-
-def _sample_rows(
-    policy: HFPolicy,
-    task: Task,
-    spec: TaskSpec,
-    scorer: PrefixScorer,
-    *,
-    samples: int,
-    seed: int,
-    batch_size: int,
-    progress: bool,
-    dist: DistContext,
-) -> list[dict[str, Any]]:
-    """Draw and score ``samples`` trajectories (this rank's chunks, then gathered from all
-    ranks in chunk order); one JSON-ready dict per sample."""
-    generator = torch.Generator(device=policy.device).manual_seed(sampling_seed(seed, dist.rank))
-    chunks = _chunks(task.prompts(), samples, batch_size, per_prompt=spec.eval_per_prompt)
-    mine = [chunk for chunk in range(len(chunks)) if chunk % dist.world_size == dist.rank]
-    by_chunk: list[tuple[int, list[dict[str, Any]]]] = []
-    rows: list[dict[str, Any]] = []
-    hits = 0
-    share = sum(chunks[chunk][1] for chunk in mine)
-    with _progress(progress and dist.is_main) as bar:
-        job = bar.add_task("sampling", total=share)
-        for chunk in mine:
-            prompt, n = chunks[chunk]
-            by_chunk.append((chunk, []))
-            rollout = policy.sample(
-                prompt,
-                n,
-                min_length=task.min_length,
-                max_length=task.max_length,
-                temperature=1.0,
-                generator=generator,
-            )
-            columns = zip(
-                rollout.tokens.tolist(),
-                rollout.length.tolist(),
-                rollout.log_pf.tolist(),
-                rollout.log_pterm.tolist(),
-                rollout.texts,
-                strict=True,
-            )
-            for tokens, tau, log_pf, log_pterm, text in columns:
-                prefix_scores = scorer.prefix_scores(prompt, scorer.texts(tokens[:tau]))
-                score = prefix_scores[-1]  # the full prefix is the sample's text
-                correct = spec.is_correct(score)
-                hits += correct
-                row = {
-                    "prompt": prompt,
-                    "text": text,
-                    "tokens": tokens[:tau],
-                    "length": tau,
-                    "valid": score.valid,
-                    "correct": correct,
-                    "score": score.value,
-                    "log_pterm_stop": log_pterm[tau],
-                    "log_pf": log_pf[:tau],
-                    "log_pterm": log_pterm[: tau + 1],
-                    "u": [scorer.reward_scale * s.value for s in prefix_scores],
-                }
-                if dist.world_size > 1:
-                    row["rank"] = dist.rank
-                rows.append(row)
-                by_chunk[-1][1].append(row)
-            bar.update(
-                job, completed=len(rows), description=f"sampling (acc {hits / len(rows):.3f})"
-            )
-    if dist.world_size == 1:
-        return rows
-    gathered = sorted(pair for rank in dist.all_gather_object(by_chunk) for pair in rank)
-    return [row for _, chunk_rows in gathered for row in chunk_rows]
-
-
-def _chunks(
-    prompts: list[str], samples: int, batch_size: int, *, per_prompt: bool
-) -> list[tuple[str, int]]:
-    """(prompt, rows) of each sampling chunk: ``samples`` in all, chunks cycling through the
-    prompts; with ``per_prompt``, ``samples`` for every prompt, prompt after prompt."""
-    if per_prompt:
-        return [
-            (prompt, min(batch_size, samples - start))
-            for prompt in prompts
-            for start in range(0, samples, batch_size)
-        ]
-    return [
-        (prompts[chunk % len(prompts)], min(batch_size, samples - start))
-        for chunk, start in enumerate(range(0, samples, batch_size))
-    ]
-
-
-@torch.no_grad()
-def _add_reference_pterm(
-    rows: list[dict[str, Any]], reference: HFPolicy, *, adapter: bool, batch_size: int
-) -> None:
-    """Add ``ref_log_pterm_stop`` to each row: the reference model's log p_term at its stop.
-
-    adapter: ``reference`` is the trained LoRA policy, scored with its adapter disabled;
-    otherwise it is a policy on the run's initial weights, scored as it is.
-    """
-    score = reference.reference_score if adapter else reference.score
-    reference.model.eval()
-    by_prompt: dict[str, list[dict[str, Any]]] = {}
-    for row in rows:
-        by_prompt.setdefault(row["prompt"], []).append(row)
-    for prompt, group in by_prompt.items():
-        for start in range(0, len(group), batch_size):
-            chunk = group[start : start + batch_size]
-            width = max(1, max(r["length"] for r in chunk))
-            tokens = pad_rows([r["tokens"] for r in chunk], width, reference.pad_id)
-            length = torch.tensor([r["length"] for r in chunk], dtype=torch.long)
-            _, log_pterm = score(prompt, tokens, length)
-            stop = log_pterm.gather(1, length.to(log_pterm.device)[:, None])[:, 0]
-            for row, value in zip(chunk, stop.float().cpu().tolist(), strict=True):
-                row["ref_log_pterm_stop"] = value
-
-
-def _write_text(path: Path, text: str) -> None:
-    """Write via a temporary sibling and rename, so an interrupted run leaves no torn file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _write_plots(
@@ -283,7 +118,7 @@ def evaluate(
         raise EvalError(f"batch_size: must be >= 1, got {batch_size}")
     dist = DistContext.from_accelerate() if dist is None else dist
     # rank 0 checks the run and chooses the checkpoint; the others read the config it validated
-    checkpoint = dist.on_main(lambda: _load_run(run_dir)[1])
+    checkpoint = dist.on_main(lambda: load_run(run_dir)[1])
     config = load_config(run_dir / "config.toml")
     if config.threads is not None:
         # the run's own thread setting: on a few shared cores a small model samples several times
@@ -291,24 +126,10 @@ def evaluate(
         torch.set_num_threads(config.threads)
     spec = task_spec(config.task)
     task = build_task(config)
-    try:
-        if is_adapter_folder(checkpoint / "model"):
-            # a LoRA checkpoint holds the adapter only: rebuild the base, then load it
-            policy = build_policy(
-                config.model,
-                task,
-                config.seed,
-                lora=config.lora,
-                adapter=checkpoint / "model",
-                device=dist.device,
-            )
-        else:
-            policy = build_policy(str(checkpoint / "model"), task, config.seed, device=dist.device)
-    except ValueError as exc:
-        raise EvalError(f"checkpoint: {checkpoint}: {exc}") from exc
+    policy = checkpoint_policy(config, checkpoint, task, device=dist.device)
     scorer = PrefixScorer(task, policy, config.reward.reward_scale)
     n = config.eval_sample_count if samples is None else samples
-    rows = _sample_rows(
+    rows = sample_rows(
         policy,
         task,
         spec,
@@ -324,7 +145,7 @@ def evaluate(
         reference = (
             policy if adapter else build_policy(config.model, task, config.seed, device=dist.device)
         )
-        _add_reference_pterm(rows, reference, adapter=adapter, batch_size=batch_size)
+        add_reference_pterm(rows, reference, adapter=adapter, batch_size=batch_size)
     return dist.on_main(
         lambda: _write_eval(
             run_dir, checkpoint, config, spec, task, rows, seed, batch_size, dist.world_size
@@ -357,8 +178,8 @@ def _write_eval(
         metrics["eval"]["processes"] = processes
     out = eval_dir(run_dir)
     out.mkdir(exist_ok=True)
-    _write_text(out / SAMPLES_FILE, "".join(json.dumps(r) + "\n" for r in rows))
-    _write_text(out / METRICS_FILE, json.dumps(metrics, indent=2) + "\n")
+    write_atomically(out / SAMPLES_FILE, "".join(json.dumps(r) + "\n" for r in rows))
+    write_atomically(out / METRICS_FILE, json.dumps(metrics, indent=2) + "\n")
     _write_plots(run_dir, out, spec, rows, metrics)
     return metrics
 
@@ -423,7 +244,7 @@ def eval_command(
     Outputs go to RUN_DIR/eval/: samples.jsonl, metrics.json and PNG plots.
     """
     if exact:
-        # imported here: exact_eval builds on this module's run loading
+        # imported here: exact_eval imports this module's output names
         from raptb.app.exact_eval import exact_command
 
         return exact_command(run_dir, json_output=json_output)

@@ -26,13 +26,14 @@ from rich.console import Console
 from rich.table import Table
 
 from raptb.adapters.exact import exact_log_probs
-from raptb.adapters.lora import is_adapter_folder
 from raptb.adapters.policy import HFPolicy
 from raptb.adapters.registry import TaskSpec, task_spec
 from raptb.app.checkpoint import PREFIX
 from raptb.app.config import ConfigError
-from raptb.app.evaluate import METRICS_FILE, EvalError, _load_run, _write_text, eval_dir
-from raptb.app.runtime import build_policy, build_task
+from raptb.app.durable import write_atomically
+from raptb.app.eval_run import EvalError, checkpoint_policy, load_run
+from raptb.app.evaluate import METRICS_FILE, eval_dir
+from raptb.app.runtime import build_task
 from raptb.core.exact_metrics import compare_with_sampled, exact_metrics
 from raptb.core.ports import Task
 
@@ -87,18 +88,6 @@ def _require_enumerable(task: Task) -> TaskSpec:
     return spec
 
 
-def _checkpoint_policy(config: Any, checkpoint: Path, task: Task) -> HFPolicy:
-    """The policy of ``checkpoint`` (a LoRA checkpoint holds only the adapter)."""
-    try:
-        if is_adapter_folder(checkpoint / "model"):
-            return build_policy(
-                config.model, task, config.seed, lora=config.lora, adapter=checkpoint / "model"
-            )
-        return build_policy(str(checkpoint / "model"), task, config.seed)
-    except ValueError as exc:
-        raise EvalError(f"checkpoint: {checkpoint}: {exc}") from exc
-
-
 def _sampled_metrics(out: Path, checkpoint: str) -> dict[str, Any] | None:
     """The sampled eval's metrics when they exist and come from ``checkpoint``."""
     path = out / METRICS_FILE
@@ -119,12 +108,12 @@ def exact_evaluate(run_dir: Path, *, draws: Sequence[int] | None = None) -> dict
     Raises EvalError (not a run, no checkpoint, task not enumerable) or ConfigError.
     """
     run_dir = Path(run_dir)
-    config, checkpoint = _load_run(run_dir)
+    config, checkpoint = load_run(run_dir)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     task = build_task(config)
     _require_enumerable(task)  # before loading a model for nothing
-    policy = _checkpoint_policy(config, checkpoint, task)
+    policy = checkpoint_policy(config, checkpoint, task)
     out = eval_dir(run_dir)
     metrics = exact_task_metrics(
         policy,
@@ -139,7 +128,7 @@ def exact_evaluate(run_dir: Path, *, draws: Sequence[int] | None = None) -> dict
         "temperature": 1.0,
     }
     out.mkdir(exist_ok=True)
-    _write_text(out / EXACT_FILE, json.dumps(metrics, indent=2) + "\n")
+    write_atomically(out / EXACT_FILE, json.dumps(metrics, indent=2) + "\n")
     return metrics
 
 

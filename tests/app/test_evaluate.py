@@ -23,7 +23,8 @@ from raptb.adapters.expr24 import Expr24Task, enumerate_solutions, evaluate_expr
 from raptb.adapters.models import load_model_and_tokenizer
 from raptb.app.cli import app
 from raptb.app.config import RewardConfig, TrainConfig, save_config
-from raptb.app.evaluate import EvalError, evaluate
+from raptb.app.eval_run import EvalError
+from raptb.app.evaluate import evaluate
 from raptb.app.runtime import build_policy, pad_rows
 from raptb.core.metrics import expr24_metrics
 

@@ -24,7 +24,8 @@ from raptb.adapters.expr24 import Expr24Task, enumerate_solutions
 from raptb.adapters.models import load_model_and_tokenizer
 from raptb.app.cli import app
 from raptb.app.config import TrainConfig, save_config
-from raptb.app.evaluate import EvalError, evaluate
+from raptb.app.eval_run import EvalError
+from raptb.app.evaluate import evaluate
 from raptb.app.exact_eval import EXACT_FILE, exact_evaluate, exact_task_metrics
 from raptb.app.runtime import build_policy
 
