@@ -201,7 +201,7 @@ def exact_log_probs(
             f"min_length, max_length: need 0 <= min_length <= max_length, got "
             f"{min_length}, {max_length}"
         )
-    policy._check_positions(len(policy.prompt_ids(prompt)), max_length)
+    policy.check_positions(len(policy.prompt_ids(prompt)), max_length)
     start = time.perf_counter()
     texts = list(texts)
     trie = _build_trie(policy, texts, max_length)

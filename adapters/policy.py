@@ -5,17 +5,10 @@ which (``stop_id``, usually EOS) is the stop action. The policy is the model's f
 
     log P_F(x | s_{0:k}) = logits_k[x] - logsumexp(logits_k)          (untempered, unmasked)
 
-Rollout (``sample``) draws B rows in lock step, one token per step for every row, reusing the KV
-cache. The behaviour distribution at prefix k of an unfinished row is the softmax of
-``logits_k / temperature`` restricted to
-
-    (legal tokens ∩ grammar-allowed tokens)  ∪  {stop if k >= min_length and the grammar accepts
-                                                  the text as complete}
-
-with stop the only action at k = max_length (and, as a fallback, wherever nothing else is
-allowed). The recorded values are the untempered, unmasked log P_F of the chosen token and of stop
-at every visited prefix (objectives.md): ``log_pf`` [B, T] (column t < tau: the (t+1)-th token,
-0 after), ``log_pterm`` [B, T+1] (column k <= tau, 0 after), with T = max_length and tau = length.
+Rollout (``sample``, in ``raptb.adapters.rollout``) draws B rows in lock step under the
+behaviour mask (legal tokens, grammar, min/max length) and records the untempered, unmasked
+log P_F of the chosen token and of stop at every visited prefix (objectives.md): ``log_pf`` [B, T]
+and ``log_pterm`` [B, T+1], with T = max_length.
 
 ``score`` recomputes the same values for given sequences by one teacher-forced forward pass with
 gradients (equal to the rollout's values up to float rounding when the model has no dropout or is
@@ -28,61 +21,16 @@ from __future__ import annotations
 
 import copy
 import os
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from raptb.adapters.grammar import GrammarBatch
+from raptb.adapters.rollout import Rollout, sample_rollout, token_log_probs
 from raptb.adapters.tokens import token_texts
 from raptb.core.batch import PrefixBatch
-
-
-@dataclass(frozen=True)
-class RolloutTimings:
-    """Wall-clock seconds of one rollout: model forwards, grammar masking and accepting, total."""
-
-    model_s: float
-    grammar_s: float
-    total_s: float
-
-
-@dataclass
-class Rollout:
-    """B sampled trajectories in the prefix layout (see the module docstring).
-
-    tokens: LongTensor [B, T], generated ids, ``pad_id`` after the stop.
-    length: LongTensor [B], tau (tokens before the stop).
-    log_pf: float32 [B, T]; log_pterm: float32 [B, T+1] (untempered, unmasked, 0 after tau).
-    texts: the generated text of each row, stop excluded (the concatenated in-context token texts,
-        i.e. exactly the text the grammar matched).
-    rows: the host copy of each row's generated ids x_1..x_tau (the texts are built from it).
-    """
-
-    tokens: torch.Tensor
-    length: torch.Tensor
-    log_pf: torch.Tensor
-    log_pterm: torch.Tensor
-    texts: list[str]
-    rows: list[tuple[int, ...]]
-    timings: RolloutTimings
-
-
-def _log_probs(
-    logits: torch.Tensor, tokens: torch.Tensor, stop_id: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float32 log-softmax of ``logits`` [..., V] at ``tokens`` [...] and at ``stop_id``.
-
-    Gathers then subtracts the log-normaliser instead of materialising the full log-softmax, and is
-    shared by rollout and rescoring so both round the same way.
-    """
-    logits = logits.float()
-    log_norm = torch.logsumexp(logits, dim=-1)
-    chosen = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - log_norm
-    return chosen, logits[..., stop_id] - log_norm
 
 
 def default_grammar_threads(device: torch.device) -> int:
@@ -135,24 +83,30 @@ class HFPolicy:
         self.grammar_threads = int(grammar_threads)
         self.pad_id = self.stop_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
         self.texts = token_texts(tokenizer, legal)
-        self._legal = torch.tensor(legal, dtype=torch.long)
         self._sub_of = {full: sub for sub, full in enumerate(legal)}
         self._grammars: dict[int, GrammarBatch] = {}
         self._frozen_copy: PreTrainedModel | None = None
         if grammar is not None:
             # compile now so that a bad grammar fails at construction, not mid-training
-            self._grammar_batch(grammar, 1)
+            self.grammar_batch(1)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def _grammar_batch(self, grammar: str, n: int) -> GrammarBatch:
+    def grammar_batch(self, n: int) -> GrammarBatch | None:
+        """The grammar matchers of ``n`` rows (built once per ``n``), or None without a grammar."""
+        if self.grammar is None:
+            return None
         if n not in self._grammars:
             self._grammars[n] = GrammarBatch(
-                grammar, self.legal_ids, self.texts, n, max_threads=self.grammar_threads
+                self.grammar, self.legal_ids, self.texts, n, max_threads=self.grammar_threads
             )
         return self._grammars[n]
+
+    def row_text(self, row: Sequence[int]) -> str:
+        """The text of generated (legal) ids ``row``: the concatenated in-context token texts."""
+        return "".join(self.texts[self._sub_of[t]] for t in row)
 
     def prompt_ids(self, prompt: str) -> list[int]:
         """Token ids of the prompt: the tokenizer's encoding, with BOS in front when the tokenizer
@@ -163,7 +117,9 @@ class HFPolicy:
             ids.insert(0, bos)
         return ids or [self.stop_id]
 
-    def _check_positions(self, prompt_len: int, max_length: int) -> None:
+    def check_positions(self, prompt_len: int, max_length: int) -> None:
+        """ValueError when a prompt of ``prompt_len`` tokens plus ``max_length`` generated ones
+        would exceed the model's position embeddings."""
         limit = getattr(self.model.config, "max_position_embeddings", None)
         if limit is not None and prompt_len + max_length > limit:
             raise ValueError(
@@ -171,7 +127,6 @@ class HFPolicy:
                 f"the model's {limit} positions"
             )
 
-    @torch.no_grad()
     def sample(
         self,
         prompt: str,
@@ -182,119 +137,16 @@ class HFPolicy:
         temperature: float | torch.Tensor = 1.0,
         generator: torch.Generator | None = None,
     ) -> Rollout:
-        """Draw ``n`` constrained trajectories (see the module docstring for the behaviour mask)."""
-        if n < 1:
-            raise ValueError(f"n: must be >= 1, got {n}")
-        if not 0 <= min_length <= max_length:
-            raise ValueError(
-                f"min_length, max_length: need 0 <= min_length <= max_length, got "
-                f"{min_length}, {max_length}"
-            )
-        start = time.perf_counter()
-        model_s = grammar_s = 0.0
-        device = self.device
-        temp = self._temperature(temperature, n).to(device)
-        prompt_ids = self.prompt_ids(prompt)
-        self._check_positions(len(prompt_ids), max_length)
-        big_t, num_legal = max_length, len(self.legal_ids)
-        legal = self._legal.to(device)
-        tokens = torch.full((n, big_t), self.pad_id, dtype=torch.long, device=device)
-        length = torch.full((n,), big_t, dtype=torch.long, device=device)
-        log_pf = torch.zeros(n, big_t, device=device)
-        log_pterm = torch.zeros(n, big_t + 1, device=device)
-        active = torch.ones(n, dtype=torch.bool, device=device)
-        grammar = None if self.grammar is None else self._grammar_batch(self.grammar, n)
-        if grammar is not None:
-            grammar.reset()
-
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            tic = time.perf_counter()
-            # an explicit all-ones attention mask: rows are aligned, nothing is padding
-            attention = torch.ones(n, len(prompt_ids) + big_t, dtype=torch.long, device=device)
-            out = self.model(
-                input_ids=torch.tensor([prompt_ids], device=device).expand(n, -1),
-                attention_mask=attention[:, : len(prompt_ids)],
-                use_cache=True,
-            )
-            model_s += time.perf_counter() - tic
-            for k in range(big_t + 1):
-                logits = out.logits[:, -1, :]
-                if k == big_t:
-                    _, stop_lp = _log_probs(
-                        logits, torch.full_like(length, self.stop_id), self.stop_id
-                    )
-                    log_pterm[:, k] = torch.where(active, stop_lp, 0.0)
-                    break
-                tic = time.perf_counter()
-                if grammar is None:
-                    allowed = torch.ones(n, num_legal, dtype=torch.bool, device=device)
-                    complete = torch.ones(n, dtype=torch.bool, device=device)
-                else:
-                    allowed = grammar.allowed_mask().to(device)
-                    complete = grammar.stop_mask().to(device)
-                grammar_s += time.perf_counter() - tic
-                can_stop = complete & (k >= min_length)
-                # a dead end (nothing allowed, stop not allowed) stops rather than failing
-                can_stop |= ~allowed.any(dim=1)
-                allowed &= active[:, None]
-                can_stop |= ~active
-                sub_mask = torch.cat([allowed, can_stop[:, None]], dim=1)
-                sub_logits = torch.cat([logits[:, legal], logits[:, [self.stop_id]]], dim=1)
-                behaviour = sub_logits.float() / temp[:, None]
-                behaviour = behaviour.masked_fill(~sub_mask, float("-inf"))
-                choice = torch.multinomial(
-                    torch.softmax(behaviour, dim=1), 1, generator=generator
-                ).squeeze(1)
-                stops = active & (choice == num_legal)
-                moves = active & ~stops
-                step_tokens = torch.where(
-                    moves, legal[choice.clamp(max=num_legal - 1)], self.pad_id
-                )
-                token_lp, stop_lp = _log_probs(logits, step_tokens, self.stop_id)
-                log_pterm[:, k] = torch.where(active, stop_lp, 0.0)
-                log_pf[:, k] = torch.where(moves, token_lp, 0.0)
-                tokens[:, k] = step_tokens
-                length[stops] = k
-                active = moves
-                if not bool(active.any()):
-                    break
-                if grammar is not None:
-                    tic = time.perf_counter()
-                    rows = torch.nonzero(moves).squeeze(1).tolist()
-                    accepted = grammar.accept_many(rows, step_tokens[moves].tolist())
-                    grammar_s += time.perf_counter() - tic
-                    if not all(accepted):
-                        raise RuntimeError("grammar matcher rejected a token its own mask allowed")
-                tic = time.perf_counter()
-                out = self.model(
-                    input_ids=step_tokens[:, None],
-                    attention_mask=attention[:, : len(prompt_ids) + k + 1],
-                    past_key_values=out.past_key_values,
-                    use_cache=True,
-                )
-                model_s += time.perf_counter() - tic
-        finally:
-            self.model.train(was_training)
-
-        rows = [tuple(row[:tau]) for row, tau in zip(tokens.tolist(), length.tolist(), strict=True)]
-        texts = ["".join(self.texts[self._sub_of[t]] for t in row) for row in rows]
-        timings = RolloutTimings(model_s, grammar_s, time.perf_counter() - start)
-        return Rollout(tokens, length, log_pf, log_pterm, texts, rows, timings)
-
-    @staticmethod
-    def _temperature(temperature: float | torch.Tensor, n: int) -> torch.Tensor:
-        temp = torch.as_tensor(temperature, dtype=torch.float32).cpu()
-        if temp.ndim == 0:
-            temp = temp.expand(n)
-        if temp.shape != (n,):
-            raise ValueError(
-                f"temperature: expected a float or shape [{n}], got {tuple(temp.shape)}"
-            )
-        if not bool(torch.all(torch.isfinite(temp) & (temp > 0))):
-            raise ValueError("temperature: every value must be finite and > 0")
-        return temp
+        """Draw ``n`` constrained trajectories (``raptb.adapters.rollout.sample_rollout``)."""
+        return sample_rollout(
+            self,
+            prompt,
+            n,
+            min_length=min_length,
+            max_length=max_length,
+            temperature=temperature,
+            generator=generator,
+        )
 
     def _forward_log_probs(
         self,
@@ -314,7 +166,7 @@ class HFPolicy:
         if b and (int(length.min()) < 0 or int(length.max()) > big_t):
             raise ValueError(f"length: values must lie in [0, T={big_t}]")
         prompt_ids = self.prompt_ids(prompt)
-        self._check_positions(len(prompt_ids), big_t)
+        self.check_positions(len(prompt_ids), big_t)
         cols = torch.arange(big_t, device=device)
         token_mask = cols[None, :] < length[:, None]
         prefix_mask = torch.arange(big_t + 1, device=device)[None, :] <= length[:, None]
@@ -332,7 +184,7 @@ class HFPolicy:
         )
         logits = out.logits[:, len(prompt_ids) - 1 :, :]
         next_tokens = torch.cat([body, torch.full_like(body[:, :1], self.stop_id)], dim=1)
-        token_lp, stop_lp = _log_probs(logits, next_tokens, self.stop_id)
+        token_lp, stop_lp = token_log_probs(logits, next_tokens, self.stop_id)
         log_pf = torch.where(token_mask, token_lp[:, :big_t], 0.0)
         log_pterm = torch.where(prefix_mask, stop_lp, 0.0)
         return (log_pf, log_pterm, out.hidden_states[-1]) if hidden else (log_pf, log_pterm)

@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from raptb.adapters.policy import HFPolicy, RolloutTimings, to_prefix_batch
+from raptb.adapters.policy import HFPolicy, to_prefix_batch
 from raptb.adapters.registry import task_spec
+from raptb.adapters.rollout import RolloutTimings
 from raptb.app.runtime import PrefixScorer, ScoredRows, pad_rows, reference_log_prob
 from raptb.core.objectives import Objective
 from raptb.core.ports import Score, Task

@@ -16,7 +16,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from raptb.adapters.models import load_model_and_tokenizer
-from raptb.adapters.policy import HFPolicy, Rollout, default_grammar_threads, to_prefix_batch
+from raptb.adapters.policy import HFPolicy, default_grammar_threads, to_prefix_batch
+from raptb.adapters.rollout import Rollout
 from raptb.adapters.tokens import legal_token_ids, stop_token_id
 from raptb.core.batch import PrefixBatch
 

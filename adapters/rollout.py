@@ -1,0 +1,192 @@
+"""Constrained rollout of an ``HFPolicy``: B rows in lock step, one token per step, KV cache reused.
+
+The behaviour distribution at prefix k of an unfinished row is the softmax of
+``logits_k / temperature`` restricted to
+
+    (legal tokens ∩ grammar-allowed tokens)  ∪  {stop if k >= min_length and the grammar accepts
+                                                  the text as complete}
+
+with stop the only action at k = max_length (and, as a fallback, wherever nothing else is
+allowed). The recorded values are the untempered, unmasked log P_F of the chosen token and of stop
+at every visited prefix (objectives.md): ``log_pf`` [B, T] (column t < tau: the (t+1)-th token,
+0 after), ``log_pterm`` [B, T+1] (column k <= tau, 0 after), with T = max_length and tau = length.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # the policy calls this module; only its type is needed here
+    from raptb.adapters.policy import HFPolicy
+
+
+@dataclass(frozen=True)
+class RolloutTimings:
+    """Wall-clock seconds of one rollout: model forwards, grammar masking and accepting, total."""
+
+    model_s: float
+    grammar_s: float
+    total_s: float
+
+
+@dataclass
+class Rollout:
+    """B sampled trajectories in the prefix layout (see the module docstring).
+
+    tokens: LongTensor [B, T], generated ids, ``pad_id`` after the stop.
+    length: LongTensor [B], tau (tokens before the stop).
+    log_pf: float32 [B, T]; log_pterm: float32 [B, T+1] (untempered, unmasked, 0 after tau).
+    texts: the generated text of each row, stop excluded (the concatenated in-context token texts,
+        i.e. exactly the text the grammar matched).
+    rows: the host copy of each row's generated ids x_1..x_tau (the texts are built from it).
+    """
+
+    tokens: torch.Tensor
+    length: torch.Tensor
+    log_pf: torch.Tensor
+    log_pterm: torch.Tensor
+    texts: list[str]
+    rows: list[tuple[int, ...]]
+    timings: RolloutTimings
+
+
+def token_log_probs(
+    logits: torch.Tensor, tokens: torch.Tensor, stop_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 log-softmax of ``logits`` [..., V] at ``tokens`` [...] and at ``stop_id``.
+
+    Gathers then subtracts the log-normaliser instead of materialising the full log-softmax, and is
+    shared by rollout and rescoring so both round the same way.
+    """
+    logits = logits.float()
+    log_norm = torch.logsumexp(logits, dim=-1)
+    chosen = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - log_norm
+    return chosen, logits[..., stop_id] - log_norm
+
+
+def row_temperatures(temperature: float | torch.Tensor, n: int) -> torch.Tensor:
+    """The behaviour temperature of each of ``n`` rows, float32 [n] on the CPU; a float is shared
+    by every row. ValueError for a wrong shape or a value that is not finite and > 0."""
+    temp = torch.as_tensor(temperature, dtype=torch.float32).cpu()
+    if temp.ndim == 0:
+        temp = temp.expand(n)
+    if temp.shape != (n,):
+        raise ValueError(f"temperature: expected a float or shape [{n}], got {tuple(temp.shape)}")
+    if not bool(torch.all(torch.isfinite(temp) & (temp > 0))):
+        raise ValueError("temperature: every value must be finite and > 0")
+    return temp
+
+
+@torch.no_grad()
+def sample_rollout(
+    policy: HFPolicy,
+    prompt: str,
+    n: int,
+    *,
+    min_length: int,
+    max_length: int,
+    temperature: float | torch.Tensor = 1.0,
+    generator: torch.Generator | None = None,
+) -> Rollout:
+    """Draw ``n`` constrained trajectories of ``policy`` (the module docstring states the mask)."""
+    if n < 1:
+        raise ValueError(f"n: must be >= 1, got {n}")
+    if not 0 <= min_length <= max_length:
+        raise ValueError(
+            f"min_length, max_length: need 0 <= min_length <= max_length, got "
+            f"{min_length}, {max_length}"
+        )
+    start = time.perf_counter()
+    model_s = grammar_s = 0.0
+    device = policy.device
+    temp = row_temperatures(temperature, n).to(device)
+    prompt_ids = policy.prompt_ids(prompt)
+    policy.check_positions(len(prompt_ids), max_length)
+    big_t, num_legal = max_length, len(policy.legal_ids)
+    legal = torch.tensor(policy.legal_ids, dtype=torch.long, device=device)
+    tokens = torch.full((n, big_t), policy.pad_id, dtype=torch.long, device=device)
+    length = torch.full((n,), big_t, dtype=torch.long, device=device)
+    log_pf = torch.zeros(n, big_t, device=device)
+    log_pterm = torch.zeros(n, big_t + 1, device=device)
+    active = torch.ones(n, dtype=torch.bool, device=device)
+    grammar = policy.grammar_batch(n)
+    if grammar is not None:
+        grammar.reset()
+
+    was_training = policy.model.training
+    policy.model.eval()
+    try:
+        tic = time.perf_counter()
+        # an explicit all-ones attention mask: rows are aligned, nothing is padding
+        attention = torch.ones(n, len(prompt_ids) + big_t, dtype=torch.long, device=device)
+        out = policy.model(
+            input_ids=torch.tensor([prompt_ids], device=device).expand(n, -1),
+            attention_mask=attention[:, : len(prompt_ids)],
+            use_cache=True,
+        )
+        model_s += time.perf_counter() - tic
+        for k in range(big_t + 1):
+            logits = out.logits[:, -1, :]
+            if k == big_t:
+                _, stop_lp = token_log_probs(
+                    logits, torch.full_like(length, policy.stop_id), policy.stop_id
+                )
+                log_pterm[:, k] = torch.where(active, stop_lp, 0.0)
+                break
+            tic = time.perf_counter()
+            if grammar is None:
+                allowed = torch.ones(n, num_legal, dtype=torch.bool, device=device)
+                complete = torch.ones(n, dtype=torch.bool, device=device)
+            else:
+                allowed = grammar.allowed_mask().to(device)
+                complete = grammar.stop_mask().to(device)
+            grammar_s += time.perf_counter() - tic
+            can_stop = complete & (k >= min_length)
+            # a dead end (nothing allowed, stop not allowed) stops rather than failing
+            can_stop |= ~allowed.any(dim=1)
+            allowed &= active[:, None]
+            can_stop |= ~active
+            sub_mask = torch.cat([allowed, can_stop[:, None]], dim=1)
+            sub_logits = torch.cat([logits[:, legal], logits[:, [policy.stop_id]]], dim=1)
+            behaviour = sub_logits.float() / temp[:, None]
+            behaviour = behaviour.masked_fill(~sub_mask, float("-inf"))
+            choice = torch.multinomial(
+                torch.softmax(behaviour, dim=1), 1, generator=generator
+            ).squeeze(1)
+            stops = active & (choice == num_legal)
+            moves = active & ~stops
+            step_tokens = torch.where(moves, legal[choice.clamp(max=num_legal - 1)], policy.pad_id)
+            token_lp, stop_lp = token_log_probs(logits, step_tokens, policy.stop_id)
+            log_pterm[:, k] = torch.where(active, stop_lp, 0.0)
+            log_pf[:, k] = torch.where(moves, token_lp, 0.0)
+            tokens[:, k] = step_tokens
+            length[stops] = k
+            active = moves
+            if not bool(active.any()):
+                break
+            if grammar is not None:
+                tic = time.perf_counter()
+                rows = torch.nonzero(moves).squeeze(1).tolist()
+                accepted = grammar.accept_many(rows, step_tokens[moves].tolist())
+                grammar_s += time.perf_counter() - tic
+                if not all(accepted):
+                    raise RuntimeError("grammar matcher rejected a token its own mask allowed")
+            tic = time.perf_counter()
+            out = policy.model(
+                input_ids=step_tokens[:, None],
+                attention_mask=attention[:, : len(prompt_ids) + k + 1],
+                past_key_values=out.past_key_values,
+                use_cache=True,
+            )
+            model_s += time.perf_counter() - tic
+    finally:
+        policy.model.train(was_training)
+
+    rows = [tuple(row[:tau]) for row, tau in zip(tokens.tolist(), length.tolist(), strict=True)]
+    texts = [policy.row_text(row) for row in rows]
+    timings = RolloutTimings(model_s, grammar_s, time.perf_counter() - start)
+    return Rollout(tokens, length, log_pf, log_pterm, texts, rows, timings)
