@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import random
-import signal
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -39,7 +38,6 @@ import torch
 from rich.console import Console
 
 from raptb.adapters.lora import is_peft_model
-from raptb.adapters.registry import task_spec
 from raptb.app.checkpoint import (
     checkpoint_step,
     latest_checkpoint,
@@ -54,25 +52,24 @@ from raptb.app.distributed import (
     per_rank_batch,
     sampling_seed,
 )
+from raptb.app.mix_schedule import MixSchedule
+from raptb.app.replay_setup import build_buffer
 from raptb.app.resume import check_steps
 from raptb.app.reward_calls import RewardCaller
 from raptb.app.reward_schedule import RewardSchedule
 from raptb.app.run_log import cut_log, log_path
 from raptb.app.runtime import PrefixScorer, build_policy, build_task
 from raptb.app.step import (
-    Mix,
     collect,
     correct_texts,
     loss_step,
     new_items,
-    replay_items,
     reward,
 )
+from raptb.app.stop_request import StopRequest
 from raptb.app.train_progress import bar_fields, progress_bar
 from raptb.app.train_state import load_trainer_state, save_trainer_state
 from raptb.core.objectives import objective_by_name
-from raptb.core.replay import ReplayBuffer, ReplayItem, make_buffer
-from raptb.core.schedules import LinearSchedule
 
 
 class TrainingError(RuntimeError):
@@ -161,12 +158,9 @@ class Trainer:
             ]
         )
         horizon = config.schedule_horizon
-        self.p_replay = LinearSchedule(*config.replay.p_replay, horizon)
-        self.p_oracle = LinearSchedule(*config.replay.p_oracle, horizon)
-        self.temp_lo = LinearSchedule(*config.sampling.temp_lo, horizon)
-        self.temp_hi = LinearSchedule(*config.sampling.temp_hi, horizon)
+        self.mix = MixSchedule(config, horizon)
         self.reward_schedule = RewardSchedule(config.reward, horizon)
-        self.buffer = self._build_buffer()
+        self.buffer = build_buffer(config, self.task, self.policy, self.scorer)
         self.oracle = self.buffer if config.replay.kind == "oracle" else None
         self.draws = None if self.buffer is None else RankSlice(self.buffer, self.dist)
 
@@ -181,8 +175,7 @@ class Trainer:
         self.nonfinite_in_row = 0
         self.nonfinite_total = 0
         self.correct_seen: set[str] = set()
-        self._stop_requested = False
-        self._stop_signal: int | None = None
+        self.stop = StopRequest(self.console)
         if checkpoint is not None:
             load_trainer_state(self, checkpoint)
 
@@ -202,40 +195,7 @@ class Trainer:
     def _load_extra_state(self, saved: dict[str, Any]) -> None:
         """Restore what ``_extra_state`` saved into ``trainer.pt``."""
 
-    def _build_buffer(self) -> ReplayBuffer | None:
-        kind = self.cfg.replay.kind
-        if kind == "none":
-            return None
-        if kind == "oracle":
-            return make_buffer("oracle", items=self._oracle_items())
-        return make_buffer(kind, **self.cfg.replay.buffer_kwargs())
-
-    def _oracle_items(self) -> list[ReplayItem]:
-        solutions = task_spec(self.cfg.task).solutions
-        if solutions is None:
-            raise TrainingError(f"replay 'oracle' needs an enumerable task, not {self.cfg.task!r}")
-        prompt = self.task.prompts()[0]
-        encode = self.policy.tokenizer
-        rows = [
-            tuple(encode.encode(text, add_special_tokens=False)) for text in solutions(self.task)
-        ]
-        texts = [self.scorer.texts(tokens)[-1] for tokens in rows]
-        scored = self.scorer.score_rows(prompt, rows, self.task.max_length, texts)
-        return replay_items(self.task, prompt, rows, texts, scored, range(len(rows)), scored.u)
-
     # --- one micro-batch -----------------------------------------------------------------------
-
-    def _mix(self) -> Mix:
-        """The behaviour mix at the current step."""
-        cfg, step = self.cfg, self.step
-        return Mix(
-            p_replay=self.p_replay(step),
-            low_temp_prob=cfg.sampling.low_temp_prob,
-            temp_lo=self.temp_lo(step),
-            temp_hi=self.temp_hi(step),
-            p_oracle=self.p_oracle(step),
-            oracle_fraction=cfg.replay.oracle_fraction,
-        )
 
     def _micro_batch(self, prompt: str) -> _MicroStats | None:
         """The four stages of app.step on this rank's share of one micro-batch, its statistics
@@ -246,7 +206,7 @@ class Trainer:
             self.task,
             prompt,
             self.rank_batch,
-            self._mix(),
+            self.mix.at(self.step),
             buffer=self.draws,
             oracle=None if self.oracle is None else self.draws,
             rng=self.rng,
@@ -324,7 +284,8 @@ class Trainer:
     def train(self, stop_at: int | None = None) -> TrainResult:
         """Run until ``cfg.steps`` (or ``stop_at``) optimizer steps; checkpoint every
         ``checkpoint_every`` steps, at the end, and after the step in progress on Ctrl-C or
-        SIGTERM. The log is first cut back to the step the run starts from (app.run_log)."""
+        SIGTERM (app.stop_request). The log is first cut back to the step the run starts from
+        (app.run_log)."""
         cfg = self.cfg
         if self.dist.is_main:  # the other ranks create and delete nothing in the run directory
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -332,74 +293,56 @@ class Trainer:
             cut_log(self.run_dir, self.step)
         self.dist.barrier()
         end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
-        # only signals nobody else handles: an embedding application keeps its own handlers
-        previous = {
-            signum: handler
-            for signum, handler in (
-                (signal.SIGINT, signal.getsignal(signal.SIGINT)),
-                (signal.SIGTERM, signal.getsignal(signal.SIGTERM)),
-            )
-            if handler in (signal.default_int_handler, signal.SIG_DFL)
-        }
-        for signum in previous:
-            signal.signal(signum, self._on_interrupt)
         checkpoint = latest_checkpoint(self.run_dir) if self.step else None
         try:
-            with (
-                progress_bar(self.console, self.show_progress and self.dist.is_main) as bar,
-                self._log_file() as log,
-            ):
-                task_id = bar.add_task(
-                    "train", total=cfg.steps, completed=self.step, **bar_fields()
-                )
-                while self.step < end and not self.dist.any_true(self._stop_requested):
-                    record = self._optimizer_step()
-                    reward_counts = self.dist.sum_counts(self.rewards.take_counts(self.step + 1))
-                    if record is None:
-                        self.nonfinite_in_row += 1
-                        self.nonfinite_total += 1
-                        if self.nonfinite_in_row >= cfg.max_nonfinite:
-                            raise TrainingError(
-                                f"{self.nonfinite_in_row} consecutive steps had a non-finite loss "
-                                f"(step {self.step + 1}); lower the learning rates or check the "
-                                "reward (max_nonfinite sets this limit)"
-                            )
-                        continue
-                    self.nonfinite_in_row = 0
-                    self.step += 1
-                    record.update(reward_counts)
-                    if log is not None:
-                        log.write(json.dumps(record) + "\n")
-                        log.flush()
-                    bar.update(task_id, completed=self.step, **bar_fields(record))
-                    if self.step % cfg.checkpoint_every == 0 or self.step == end:
-                        checkpoint = self.save_checkpoint()
-            self._stop_requested = self.dist.any_true(self._stop_requested)
-            if self._stop_requested and (checkpoint is None or self.step % cfg.checkpoint_every):
-                checkpoint = self.save_checkpoint()
+            with self.stop.catching_signals():
+                checkpoint = self._run_steps(end, checkpoint)
         finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
             self.rewards.close()
             for line in self.rewards.summary_lines():
                 self.warn(line)
         return TrainResult(
-            self.run_dir, self.step, self._stop_requested, checkpoint, self._stop_signal
+            self.run_dir, self.step, self.stop.requested, checkpoint, self.stop.signum
         )
+
+    def _run_steps(self, end: int, checkpoint: Path | None) -> Path | None:
+        """Optimizer steps up to ``end`` or a stop request; the latest checkpoint afterwards."""
+        cfg = self.cfg
+        with (
+            progress_bar(self.console, self.show_progress and self.dist.is_main) as bar,
+            self._log_file() as log,
+        ):
+            task_id = bar.add_task("train", total=cfg.steps, completed=self.step, **bar_fields())
+            while self.step < end and not self.dist.any_true(self.stop.requested):
+                record = self._optimizer_step()
+                reward_counts = self.dist.sum_counts(self.rewards.take_counts(self.step + 1))
+                if record is None:
+                    self.nonfinite_in_row += 1
+                    self.nonfinite_total += 1
+                    if self.nonfinite_in_row >= cfg.max_nonfinite:
+                        raise TrainingError(
+                            f"{self.nonfinite_in_row} consecutive steps had a non-finite loss "
+                            f"(step {self.step + 1}); lower the learning rates or check the "
+                            "reward (max_nonfinite sets this limit)"
+                        )
+                    continue
+                self.nonfinite_in_row = 0
+                self.step += 1
+                record.update(reward_counts)
+                if log is not None:
+                    log.write(json.dumps(record) + "\n")
+                    log.flush()
+                bar.update(task_id, completed=self.step, **bar_fields(record))
+                if self.step % cfg.checkpoint_every == 0 or self.step == end:
+                    checkpoint = self.save_checkpoint()
+        self.stop.requested = self.dist.any_true(self.stop.requested)
+        if self.stop.requested and (checkpoint is None or self.step % cfg.checkpoint_every):
+            checkpoint = self.save_checkpoint()
+        return checkpoint
 
     def _log_file(self) -> AbstractContextManager[IO[str] | None]:
         """metrics.jsonl opened for appending on rank 0; nothing on the other ranks."""
         return log_path(self.run_dir).open("a") if self.dist.is_main else nullcontext()
-
-    def _on_interrupt(self, signum: int, frame: Any) -> None:
-        # First Ctrl-C or SIGTERM (preemption, docker stop): finish the step in progress,
-        # checkpoint, stop. A second one aborts, with the signal's default action.
-        self._stop_requested = True
-        self._stop_signal = signum
-        default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
-        signal.signal(signum, default)
-        name = signal.Signals(signum).name
-        self.console.print(f"[yellow]{name}: finishing this step and checkpointing...[/]")
 
     def warn(self, line: str) -> None:
         """One yellow warning line on the console."""

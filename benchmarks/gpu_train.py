@@ -25,7 +25,6 @@ import json
 import platform
 import threading
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +94,7 @@ def main() -> None:
     setup_s = time.perf_counter() - start
     timer = None
     if args.time_limit is not None:
-        timer = threading.Timer(args.time_limit, partial(setattr, trainer, "_stop_requested", True))
+        timer = threading.Timer(args.time_limit, trainer.stop.request)
         timer.daemon = True
     if torch.cuda.is_available():
         torch.cuda.synchronize()
