@@ -28,7 +28,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from raptb.adapters.grammar import GrammarBatch
-from raptb.adapters.rollout import Rollout, sample_rollout, token_log_probs
+from raptb.adapters.rollout import sample_rollout, token_log_probs
 from raptb.adapters.tokens import token_texts
 from raptb.core.batch import PrefixBatch
 
@@ -127,26 +127,9 @@ class HFPolicy:
                 f"the model's {limit} positions"
             )
 
-    def sample(
-        self,
-        prompt: str,
-        n: int,
-        *,
-        min_length: int,
-        max_length: int,
-        temperature: float | torch.Tensor = 1.0,
-        generator: torch.Generator | None = None,
-    ) -> Rollout:
-        """Draw ``n`` constrained trajectories (``raptb.adapters.rollout.sample_rollout``)."""
-        return sample_rollout(
-            self,
-            prompt,
-            n,
-            min_length=min_length,
-            max_length=max_length,
-            temperature=temperature,
-            generator=generator,
-        )
+    sample = sample_rollout
+    """``sample(prompt, n, *, min_length, max_length, temperature=1.0, generator=None)``: draw
+    ``n`` constrained trajectories, a ``Rollout`` (``raptb.adapters.rollout.sample_rollout``)."""
 
     def _forward_log_probs(
         self,
