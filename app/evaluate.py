@@ -55,6 +55,7 @@ from raptb.app.plots import (
     plot_score_by_length,
     plot_training_curves,
 )
+from raptb.app.reward_schedule import RewardSchedule
 from raptb.app.runtime import PrefixScorer, build_policy, build_task
 from raptb.core.ports import Task
 
@@ -127,7 +128,10 @@ def evaluate(
     spec = task_spec(config.task)
     task = build_task(config)
     policy = checkpoint_policy(config, checkpoint, task, device=dist.device)
-    scorer = PrefixScorer(task, policy, config.reward.reward_scale)
+    # u of the target the schedules end at (lambda_end / T_R,end): what the sampler was trained
+    # towards, not the schedule's start
+    final = RewardSchedule(config.reward, config.schedule_horizon).at(config.schedule_horizon)
+    scorer = PrefixScorer(task, policy, final.scale)
     n = config.eval_sample_count if samples is None else samples
     rows = sample_rows(
         policy,

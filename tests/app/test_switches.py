@@ -4,6 +4,7 @@ of tests/core)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -174,3 +175,26 @@ def test_invalid_switch_values_are_one_line_errors() -> None:
     ):
         with pytest.raises(ConfigError, match=key.split(".")[1]):
             build_config(overrides={key: value})
+
+
+def test_evaluation_scores_u_at_the_end_of_the_reward_schedules(tmp_path: Path) -> None:
+    # lambda 5 -> 20 and T_R 2 -> 0.5: the sampler is trained towards u = (20 / 0.5) S, which
+    # is what evaluation must report, not the schedule's start (5 / 2) S
+    run = tmp_path / "run"
+    args = ["train", "--task", "custom", "--reward", "tests.app.flaky_rewards:count_a"]
+    args += ["--steps", "1", "--batch-size", "4", "--grad-accum", "1", "--out", str(run)]
+    config = tmp_path / "schedules.toml"
+    config.write_text(
+        "[reward]\nreward_scale = 5.0\nreward_scale_end = 20.0\n"
+        "temperature = 2.0\ntemperature_end = 0.5\n"
+        '[custom]\nalphabet = "ab"\nmax_length = 4\n'
+    )
+    trained = CliRunner().invoke(app, [*args, "--config", str(config), "--no-progress"])
+    assert trained.exit_code == 0, trained.output
+    evaluated = CliRunner().invoke(app, ["eval", str(run), "--samples", "16"])
+    assert evaluated.exit_code == 0, evaluated.output
+    rows = [json.loads(x) for x in (run / "eval" / "samples.jsonl").read_text().splitlines()]
+    assert any(row["score"] > 0 for row in rows)  # the check below is not vacuous
+    for row in rows:
+        want = [40.0 * row["text"][:k].count("a") / 5.0 for k in range(row["length"] + 1)]
+        np.testing.assert_allclose(row["u"], want, atol=1e-9)
