@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from raptb.adapters.lora import apply_lora
 from raptb.adapters.policy import HFPolicy
 from raptb.adapters.rollout import Rollout, row_temperatures, token_log_probs
 from tests.adapters.test_policy import GRAMMAR, PROMPT, make_policy
@@ -103,10 +104,13 @@ def assert_identical(policy: HFPolicy, r: Rollout, ref: tuple[torch.Tensor, ...]
     assert r.texts == [policy.row_text(row) for row in rows]
 
 
-@pytest.fixture(scope="module", params=[GRAMMAR, None], ids=["grammar", "free"])
+@pytest.fixture(scope="module", params=["grammar", "free", "lora"])
 def sharp_policy(request: pytest.FixtureRequest) -> HFPolicy:
     # sharpened logits so that rows stop at different steps and some stop early
-    return make_policy(request.param, seed=3, logit_scale=4.0)
+    policy = make_policy(None if request.param == "free" else GRAMMAR, seed=3, logit_scale=4.0)
+    if request.param == "lora":
+        policy.model = apply_lora(policy.model, rank=4, dropout=0.0)
+    return policy
 
 
 @pytest.mark.parametrize(
