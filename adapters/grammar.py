@@ -8,9 +8,10 @@ SmolLM2). The stop bit of the mask is set exactly where the text accepted so far
 sentence of the grammar.
 
 ``GrammarBatch`` holds one matcher per rollout row. Masks are returned over the sub-vocabulary:
-``allowed_mask()`` is a bool tensor [B, L] (column j = legal_ids[j]) and ``stop_mask()`` a bool
-tensor [B]. Compiled grammars are cached per (sub-vocabulary texts, grammar text), which is all a
-compilation depends on, so every tokenizer with the same legal texts shares one compilation.
+``allowed_mask()`` is a bool tensor [B, L] (column j = legal_ids[j]), ``stop_mask()`` a bool
+tensor [B], and ``next_mask()`` both side by side, [B, L + 1]. Compiled grammars are cached per
+(sub-vocabulary texts, grammar text), which is all a compilation depends on, so every tokenizer
+with the same legal texts shares one compilation.
 """
 
 from __future__ import annotations
@@ -82,8 +83,10 @@ class GrammarBatch:
             matcher.reset()
         self._stale = True
 
-    def _masks(self) -> torch.Tensor:
-        """Bool [B, L + 1] next-token mask of every row (last column: stop), refilled if stale."""
+    def next_mask(self) -> torch.Tensor:
+        """Bool [B, L + 1] next-token mask of every row (column j < L: legal token j may follow;
+        column L: the text is complete, stop allowed), refilled only after an accept or reset.
+        The tensor is the batch's own buffer: read it, do not write to it."""
         if self._stale:
             self._batch.batch_fill_next_token_bitmask(self._matchers, self._bitmask)
             self._unpacked = self.unpack(self._bitmask, self.num_legal + 1)
@@ -98,11 +101,11 @@ class GrammarBatch:
 
     def allowed_mask(self) -> torch.Tensor:
         """Bool [B, L]: legal token j may follow each row's text and keep it a grammar prefix."""
-        return self._masks()[:, : self.num_legal]
+        return self.next_mask()[:, : self.num_legal]
 
     def stop_mask(self) -> torch.Tensor:
         """Bool [B]: each row's text is a complete sentence of the grammar."""
-        return self._masks()[:, self.num_legal]
+        return self.next_mask()[:, self.num_legal]
 
     def allowed(self, row: int) -> torch.Tensor:
         """Bool [L] mask of the legal tokens that may follow row ``row``'s text."""

@@ -108,6 +108,8 @@ def sample_rollout(
     policy.check_positions(len(prompt_ids), max_length)
     big_t, num_legal = max_length, len(policy.legal_ids)
     legal = torch.tensor(policy.legal_ids, dtype=torch.long, device=device)
+    # one gather of the legal columns and the stop column: the behaviour's sub-vocabulary
+    sub_ids = torch.tensor([*policy.legal_ids, policy.stop_id], dtype=torch.long, device=device)
     tokens = torch.full((n, big_t), policy.pad_id, dtype=torch.long, device=device)
     length = torch.full((n,), big_t, dtype=torch.long, device=device)
     log_pf = torch.zeros(n, big_t, device=device)
@@ -116,6 +118,7 @@ def sample_rollout(
     grammar = policy.grammar_batch(n)
     if grammar is not None:
         grammar.reset()
+    free_mask = torch.ones(n, num_legal + 1, dtype=torch.bool, device=device)
 
     was_training = policy.model.training
     policy.model.eval()
@@ -138,21 +141,16 @@ def sample_rollout(
                 log_pterm[:, k] = torch.where(active, stop_lp, 0.0)
                 break
             tic = time.perf_counter()
-            if grammar is None:
-                allowed = torch.ones(n, num_legal, dtype=torch.bool, device=device)
-                complete = torch.ones(n, dtype=torch.bool, device=device)
-            else:
-                allowed = grammar.allowed_mask().to(device)
-                complete = grammar.stop_mask().to(device)
+            # [n, L + 1]: legal tokens, then "the text is complete"; one copy to the device
+            mask = free_mask if grammar is None else grammar.next_mask().to(device)
             grammar_s += time.perf_counter() - tic
-            can_stop = complete & (k >= min_length)
+            allowed = mask[:, :num_legal]
+            can_stop = mask[:, num_legal] & (k >= min_length)
             # a dead end (nothing allowed, stop not allowed) stops rather than failing
             can_stop |= ~allowed.any(dim=1)
-            allowed &= active[:, None]
             can_stop |= ~active
-            sub_mask = torch.cat([allowed, can_stop[:, None]], dim=1)
-            sub_logits = torch.cat([logits[:, legal], logits[:, [policy.stop_id]]], dim=1)
-            behaviour = sub_logits.float() / temp[:, None]
+            sub_mask = torch.cat([allowed & active[:, None], can_stop[:, None]], dim=1)
+            behaviour = logits[:, sub_ids].float() / temp[:, None]
             behaviour = behaviour.masked_fill(~sub_mask, float("-inf"))
             choice = torch.multinomial(
                 torch.softmax(behaviour, dim=1), 1, generator=generator
@@ -164,14 +162,16 @@ def sample_rollout(
             log_pterm[:, k] = torch.where(active, stop_lp, 0.0)
             log_pf[:, k] = torch.where(moves, token_lp, 0.0)
             tokens[:, k] = step_tokens
-            length[stops] = k
+            length = torch.where(stops, k, length)
             active = moves
-            if not bool(active.any()):
+            # the step's only host round trip: each row's new token, -1 where the row is done
+            moved = torch.where(moves, step_tokens, -1).tolist()
+            rows = [row for row, token in enumerate(moved) if token >= 0]
+            if not rows:
                 break
             if grammar is not None:
                 tic = time.perf_counter()
-                rows = torch.nonzero(moves).squeeze(1).tolist()
-                accepted = grammar.accept_many(rows, step_tokens[moves].tolist())
+                accepted = grammar.accept_many(rows, [moved[row] for row in rows])
                 grammar_s += time.perf_counter() - tic
                 if not all(accepted):
                     raise RuntimeError("grammar matcher rejected a token its own mask allowed")
