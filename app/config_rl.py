@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from raptb.app.config_sections import Section
+from raptb.app.config_sections import Section, core_default
 from raptb.core.grpo import GRPO
 from raptb.core.ppo import PPO
 
@@ -27,11 +27,8 @@ _RL_DEFAULTS = {f.name: f.default for cls in (PPO, GRPO) for f in fields(cls)}
 
 
 def _trl(name: str, description: str, **constraints: Any) -> Any:
-    """A field whose default is core GRPO's or PPO's (TRL's), so it is written once."""
-    default = _RL_DEFAULTS[name]
-    if isinstance(default, float):
-        constraints.setdefault("allow_inf_nan", False)
-    return Field(default, description=description, **constraints)
+    """A field whose default is core GRPO's or PPO's (TRL's)."""
+    return core_default(_RL_DEFAULTS, name, description, **constraints)
 
 
 class RLConfig(Section):

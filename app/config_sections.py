@@ -26,12 +26,18 @@ TemperaturePair = tuple[Positive, Positive]
 _RAPTB_DEFAULTS = {f.name: f.default for f in fields(RapTB)}
 
 
-def _raptb(name: str, description: str, **constraints: Any) -> Any:
-    """A field whose default is core RapTB's (the paper's Expr24 column), so it is written once."""
-    default = _RAPTB_DEFAULTS[name]
+def core_default(defaults: dict[str, Any], name: str, description: str, **constraints: Any) -> Any:
+    """A field whose default is ``defaults[name]``, a core dataclass's own default, so that it is
+    written once; float defaults also refuse NaN and infinities."""
+    default = defaults[name]
     if isinstance(default, float):
         constraints.setdefault("allow_inf_nan", False)
     return Field(default, description=description, **constraints)
+
+
+def _raptb(name: str, description: str, **constraints: Any) -> Any:
+    """A field whose default is core RapTB's (the paper's Expr24 column)."""
+    return core_default(_RAPTB_DEFAULTS, name, description, **constraints)
 
 
 class Section(BaseModel):
