@@ -26,7 +26,7 @@ from raptb.app.config import RL_LOSSES, TrainConfig
 from raptb.app.distributed import DistContext
 from raptb.app.rl_step import needs_reference, rl_loss_step, sequence_rewards
 from raptb.app.step import correct_texts, reward, roll_out
-from raptb.app.train import Trainer, _MicroStats
+from raptb.app.train import Trainer, TrainingError, _MicroStats
 from raptb.core.ppo import PPO
 from raptb.core.rl_objectives import RLObjective, rl_objective_by_name
 
@@ -45,6 +45,12 @@ class RLTrainer(Trainer):
 
     def _build_objective(self) -> RLObjective:
         cfg = self.cfg
+        if cfg.loss == "grpo" and self.rank_batch % cfg.rl.num_generations:
+            raise TrainingError(
+                f"each of the {self.dist.world_size} processes samples {self.rank_batch} rows, "
+                f"not a multiple of rl.num_generations {cfg.rl.num_generations} (whole GRPO "
+                "groups per process): change optim.batch_size or the number of processes"
+            )
         objective = rl_objective_by_name(cfg.loss, **cfg.rl_objective_kwargs())
         uses_prior = cfg.rl.reward == "log_r" and cfg.reward.kappa > 0
         if (needs_reference(objective) or uses_prior) and not is_peft_model(self.policy.model):
@@ -72,9 +78,11 @@ class RLTrainer(Trainer):
         cfg = self.cfg
         # on-policy at temperature 1 (TRL's default): log pi is untempered, so the sampling
         # policy is the trained one up to the grammar mask
-        batch = roll_out(self.policy, self.task, prompt, cfg.optim.batch_size, 1.0, self.generator)
-        kappa = cfg.reward.kappa if cfg.rl.reward == "log_r" else 0.0
-        rewards = reward(self.scorer, self.policy, batch, kappa)
+        # (each process its share of the global micro-batch, as for the GFlowNet objectives)
+        batch = roll_out(self.policy, self.task, prompt, self.rank_batch, 1.0, self.generator)
+        weights = self.reward_schedule.at(self.step)  # lambda and T_R schedules apply here too
+        kappa = weights.kappa if cfg.rl.reward == "log_r" else 0.0
+        rewards = reward(self.scorer, self.policy, batch, kappa, weights.scale)
         correct = correct_texts(self.task, batch, rewards)
         self.correct_seen.update(correct)
         terminal = sequence_rewards(rewards, batch.length, cfg.rl.reward)

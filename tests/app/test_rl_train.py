@@ -199,3 +199,28 @@ def test_smiles_grpo_smoke(tmp_path):
     trainer = make_trainer(cfg, tmp_path, progress=False)
     assert trainer.train().step == 2
     assert all(math.isfinite(r["loss"]) for r in records(tmp_path))
+
+
+def test_rl_rewards_follow_the_reward_schedules(tmp_path, monkeypatch):
+    # lambda 5 -> 20 and T_R 2 -> 1 over 3 steps: step t's task reward weight is lambda(t) / T_R(t)
+    import raptb.app.rl_train as rl_train
+
+    seen: list[float] = []
+
+    def recording(scorer, policy, batch, kappa, scale=None, rescore=False):
+        seen.append(scale)
+        return reward_stage(scorer, policy, batch, kappa, scale, rescore)
+
+    reward_stage = rl_train.reward
+    monkeypatch.setattr(rl_train, "reward", recording)
+    extra = {"reward.reward_scale_end": 20.0, "reward.temperature": 2.0}
+    extra |= {"reward.reward_scale": 5.0, "reward.temperature_end": 1.0}
+    cfg = small_config(loss="grpo", steps=3, **extra)
+    make_trainer(cfg, tmp_path, progress=False).train()
+    per_step = len(seen) // 3
+    lam, temp = (
+        [5.0, 10.0, 15.0],
+        [2.0, 5 / 3, 4 / 3],
+    )  # value at step t: start + (end - start) t / 3
+    want = [lam[t] / temp[t] for t in range(3) for _ in range(per_step)]
+    assert seen == pytest.approx(want)
