@@ -15,7 +15,6 @@ The paper's oracle (an MLP on ProtAlbert embeddings) was never released.
 from __future__ import annotations
 
 import gzip
-import importlib
 import math
 from collections.abc import Callable, Sequence
 from functools import lru_cache
@@ -23,6 +22,8 @@ from importlib import resources
 from typing import Any
 
 import numpy as np
+
+from raptb.adapters.dotted_path import load_dotted
 
 Oracle = Callable[[list[str]], Sequence[float]]
 MACREL_ORACLE = "raptb.adapters.amp_oracle:macrel_amp_probability"
@@ -35,22 +36,8 @@ ORACLE_CACHE_LIMIT = 500_000
 
 
 def load_oracle(path: str) -> Oracle:
-    """Import the oracle ``package.module:function`` (ValueError naming ``path`` otherwise)."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"amp.oracle: expected 'module:function', got {path!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"amp.oracle: cannot import module {module_name!r}: {exc}") from None
-    target: object = module
-    for part in attr.split("."):
-        if not hasattr(target, part):
-            raise ValueError(f"amp.oracle: module {module_name!r} has no {attr!r}")
-        target = getattr(target, part)
-    if not callable(target):
-        raise ValueError(f"amp.oracle: {path!r} is not callable")
-    return target  # type: ignore[return-value]
+    """Import the oracle ``package.module:function`` (ValueError naming ``amp.oracle``)."""
+    return load_dotted(path, "amp.oracle")
 
 
 class CheckedOracle:

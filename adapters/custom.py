@@ -9,7 +9,6 @@ incomplete ones.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
+from raptb.adapters.dotted_path import load_dotted
 from raptb.adapters.registry import TaskOptions, TaskSpec, register_task
 from raptb.core.metrics import sequence_metrics
 from raptb.core.ports import Score
@@ -26,22 +26,8 @@ RewardFn = Callable[[str, str], "float | tuple[float, bool] | Score"]
 
 
 def load_callable(path: str) -> RewardFn:
-    """Import ``package.module:function`` (the module must be importable, e.g. on PYTHONPATH)."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"custom.reward: expected 'module:function', got {path!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"custom.reward: cannot import module {module_name!r}: {exc}") from exc
-    target: object = module
-    for part in attr.split("."):
-        if not hasattr(target, part):
-            raise ValueError(f"custom.reward: module {module_name!r} has no {attr!r}")
-        target = getattr(target, part)
-    if not callable(target):
-        raise ValueError(f"custom.reward: {path!r} is not callable")
-    return target  # type: ignore[return-value]
+    """Import the reward ``package.module:function`` (ValueError naming ``custom.reward``)."""
+    return load_dotted(path, "custom.reward")
 
 
 def _unchecked(out: object) -> Score:
