@@ -38,12 +38,13 @@ per-trajectory loss and a dict of detached float diagnostics.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from array_api_compat import array_namespace, device
 
 from raptb.core.batch import PrefixBatch
+from raptb.core.by_name import build_by_name, hyperparameter_names
 from raptb.core.schedules import LinearSchedule, schedule_value
 from raptb.core.targets import TARGET_MODES, absorbed_targets, backup_window_end
 
@@ -338,16 +339,7 @@ OBJECTIVES: dict[str, type[Objective]] = {
 
 def objective_hyperparameters(name: str) -> tuple[str, ...]:
     """Names of the hyperparameters objective ``name`` accepts."""
-    return tuple(f.name for f in fields(_objective_class(name)))
-
-
-def _objective_class(name: str) -> type[Objective]:
-    try:
-        return OBJECTIVES[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown objective {name!r}; valid choices: {', '.join(OBJECTIVES)}"
-        ) from None
+    return hyperparameter_names(OBJECTIVES, "objective", name)
 
 
 def objective_by_name(name: str, **hyperparameters: Any) -> Objective:
@@ -356,13 +348,4 @@ def objective_by_name(name: str, **hyperparameters: Any) -> Objective:
     Hyperparameters not taken by that objective raise a ValueError listing the valid ones; values
     out of range raise a ValueError naming the hyperparameter.
     """
-    cls = _objective_class(name)
-    valid = objective_hyperparameters(name)
-    unknown = sorted(set(hyperparameters) - set(valid))
-    if unknown:
-        listed = ", ".join(valid) if valid else "none"
-        raise ValueError(
-            f"objective {name!r} does not take {', '.join(unknown)}; "
-            f"valid hyperparameters: {listed}"
-        )
-    return cls(**hyperparameters)
+    return build_by_name(OBJECTIVES, "objective", name, hyperparameters)

@@ -7,9 +7,9 @@ and defaults are TRL's (``core.grpo``, ``core.ppo``).
 
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import Any, TypeAlias
 
+from raptb.core.by_name import build_by_name, hyperparameter_names
 from raptb.core.grpo import GRPO
 from raptb.core.ppo import PPO
 
@@ -17,18 +17,9 @@ RLObjective: TypeAlias = GRPO | PPO
 RL_OBJECTIVES: dict[str, type[GRPO] | type[PPO]] = {cls.name: cls for cls in (GRPO, PPO)}
 
 
-def _rl_objective_class(name: str) -> type[GRPO] | type[PPO]:
-    try:
-        return RL_OBJECTIVES[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown RL objective {name!r}; valid choices: {', '.join(RL_OBJECTIVES)}"
-        ) from None
-
-
 def rl_objective_hyperparameters(name: str) -> tuple[str, ...]:
     """Names of the hyperparameters RL objective ``name`` accepts."""
-    return tuple(f.name for f in fields(_rl_objective_class(name)))
+    return hyperparameter_names(RL_OBJECTIVES, "RL objective", name)
 
 
 def rl_objective_by_name(name: str, **hyperparameters: Any) -> RLObjective:
@@ -37,12 +28,4 @@ def rl_objective_by_name(name: str, **hyperparameters: Any) -> RLObjective:
     Hyperparameters not taken by that objective raise a ValueError listing the valid ones; values
     out of range raise a ValueError naming the hyperparameter.
     """
-    cls = _rl_objective_class(name)
-    valid = rl_objective_hyperparameters(name)
-    unknown = sorted(set(hyperparameters) - set(valid))
-    if unknown:
-        raise ValueError(
-            f"RL objective {name!r} does not take {', '.join(unknown)}; "
-            f"valid hyperparameters: {', '.join(valid)}"
-        )
-    return cls(**hyperparameters)
+    return build_by_name(RL_OBJECTIVES, "RL objective", name, hyperparameters)
