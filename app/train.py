@@ -253,12 +253,16 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 return None
             stats.append(result)
+        self._apply_gradients()
+        return self._step_record(stats, time.perf_counter() - start)
+
+    def _apply_gradients(self) -> None:
+        """The accumulated gradients averaged over ranks, clipped, and one optimizer step."""
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.dist.average_gradients(params)  # logZ's gradient too: it is in the param groups
-        if cfg.optim.clip is not None:
-            torch.nn.utils.clip_grad_norm_(params, cfg.optim.clip)
+        if self.cfg.optim.clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.clip)
         self.optimizer.step()
-        return self._step_record(stats, time.perf_counter() - start)
 
     def _step_record(self, stats: list[Any], seconds: float) -> dict[str, Any]:
         """The metrics.jsonl record of the optimizer step just taken from its micro-batches."""
