@@ -67,3 +67,13 @@ class RLConfig(Section):
     gamma: float = _trl("gamma", "PPO: discount.", ge=0, le=1)
     lam: float = _trl("lam", "PPO: GAE lambda.", ge=0, le=1)
     whiten_rewards: bool = _trl("whiten_rewards", "PPO: whiten the token rewards.")
+    # TRL's PPOConfig defaults; the update schedule (app.ppo_update), not the loss's, so not core's
+    num_ppo_epochs: int = Field(
+        4, description="PPO: passes over each step's rollout (TRL's num_ppo_epochs).", ge=1
+    )
+    num_mini_batches: int = Field(
+        1,
+        description="PPO: shuffled mini-batches per pass, one optimizer step each (grad_accum x "
+        "batch_size rows per process must be a multiple).",
+        ge=1,
+    )

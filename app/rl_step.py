@@ -6,10 +6,12 @@
     rl_loss_step        -> LossResult     rescoring in the action layout, reference, loss, backward
 
 For GRPO the B rows of one prompt are B / num_generations consecutive groups (``core.grpo``).
-One optimisation pass per rollout (TRL's ``num_iterations = 1``, and one PPO epoch): the old
-log-probs and old values are the current ones detached, so every ratio is 1 in value while its
-gradient is that of log pi, exactly as TRL computes it without a second pass. The policy's log pi
-is the model's full, untempered softmax (``adapters.policy``), as for the GFlowNet objectives.
+GRPO takes one optimisation pass per rollout (TRL's ``num_iterations = 1``): the old log-probs
+are the current ones detached, so every ratio is 1 in value while its gradient is that of log pi,
+exactly as TRL computes it without a second pass. PPO's several passes per rollout are
+``app.ppo_update``'s, built on ``score_actions`` and ``reference_log_probs`` here. The policy's
+log pi is the model's full, untempered softmax (``adapters.policy``), as for the GFlowNet
+objectives.
 """
 
 from __future__ import annotations
@@ -39,6 +41,35 @@ def sequence_rewards(rewards: Rewards, length: torch.Tensor, source: str) -> tor
     return table.gather(1, length.to(table.device)[:, None]).squeeze(1)
 
 
+def score_actions(
+    policy: HFPolicy,
+    prompt: str,
+    tokens: torch.Tensor,
+    length: torch.Tensor,
+    value_head: ValueHead | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Action log-probs [B, T+1] of ``tokens`` [B, T] (``length`` [B]) from one teacher-forced
+    pass (with gradients unless under ``torch.no_grad``), and the values [B, T+1] from its last
+    hidden states when ``value_head`` is given (else None)."""
+    if value_head is None:
+        log_pf, log_pterm = policy.score(prompt, tokens, length)
+        return action_log_probs(log_pf, log_pterm, length), None
+    log_pf, log_pterm, hidden = policy.score_with_hidden(prompt, tokens, length)
+    values = prefix_values(value_head, hidden, len(policy.prompt_ids(prompt)), length)
+    return action_log_probs(log_pf, log_pterm, length), values
+
+
+def reference_log_probs(policy: HFPolicy, batch: Trajectories) -> torch.Tensor:
+    """The reference model's action log-probs [B, T+1] of ``batch`` (no gradient)."""
+    ref_pf, ref_pterm = policy.reference_score(batch.prompt, batch.tokens, batch.length)
+    return action_log_probs(ref_pf, ref_pterm, batch.length)
+
+
+def all_finite(*arrays: torch.Tensor | None) -> bool:
+    """Whether every entry of the given tensors (None skipped) is finite."""
+    return all(bool(torch.isfinite(a).all()) for a in arrays if a is not None)
+
+
 def rl_batch(
     policy: HFPolicy,
     batch: Trajectories,
@@ -50,26 +81,15 @@ def rl_batch(
     """The micro-batch in the action layout: log-probs (with gradients) from one teacher-forced
     pass, values from its last hidden states when ``value_head`` is given, reference log-probs
     when ``reference``. None when a log-probability or value is not finite."""
-    prompt, tokens, length = batch.prompt, batch.tokens, batch.length
-    values = None
-    if value_head is None:
-        log_pf, log_pterm = policy.score(prompt, tokens, length)
-    else:
-        log_pf, log_pterm, hidden = policy.score_with_hidden(prompt, tokens, length)
-        values = prefix_values(value_head, hidden, len(policy.prompt_ids(prompt)), length)
-    ref = None
-    if reference:
-        ref_pf, ref_pterm = policy.reference_score(prompt, tokens, length)
-        ref = action_log_probs(ref_pf, ref_pterm, length)
-    log_probs = action_log_probs(log_pf, log_pterm, length)
-    arrays = [a for a in (log_probs, ref, values) if a is not None]
-    if not all(bool(torch.isfinite(a).all()) for a in arrays):
+    log_probs, values = score_actions(policy, batch.prompt, batch.tokens, batch.length, value_head)
+    ref = reference_log_probs(policy, batch) if reference else None
+    if not all_finite(log_probs, ref, values):
         return None
     return RLBatch(
         log_probs=log_probs,
         old_log_probs=log_probs.detach(),
         rewards=terminal.to(log_probs.dtype),
-        length=length,
+        length=batch.length,
         ref_log_probs=ref,
         values=values,
         old_values=None if values is None else values.detach(),

@@ -6,26 +6,41 @@ What differs from ``app.train.Trainer``: the loss is ``core.grpo`` / ``core.ppo`
 'none') and logZ is never trained (it stays in the optimizer without a gradient); rollouts are
 on-policy at temperature 1 (``[sampling]`` is not read); PPO's value head sits on
 the policy's last hidden states, is trained at the policy's learning rate without weight decay,
-and is saved in ``trainer.pt``. The reference model (adapter disabled, or a frozen copy taken
-before the first step) is only evaluated when the KL penalty is on (GRPO beta, PPO kl_coef) or
-the reward is log R with kappa > 0.
+and is saved in ``trainer.pt``. GRPO takes one optimizer step per logged step (its micro-batches
+accumulated, as the GFlowNet trainer); PPO's logged step is one PPO update on TRL's schedule
+(``app.ppo_update``): the step's grad_accum micro-batches are rolled out, then
+``rl.num_ppo_epochs`` x ``rl.num_mini_batches`` optimizer steps train on them, with dropout off in
+the policy and the value head (as TRL's PPO). The reference model (adapter disabled, or a frozen
+copy taken before the first step) is only evaluated when the KL penalty is on (GRPO beta, PPO
+kl_coef) or the reward is log R with kappa > 0.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from rich.console import Console
 
 from raptb.adapters.lora import is_peft_model
 from raptb.adapters.value_head import ValueHead
 from raptb.app.config import RL_LOSSES, TrainConfig
 from raptb.app.distributed import DistContext
+from raptb.app.ppo_update import (
+    PPORollout,
+    disable_dropout,
+    fixed_rollout,
+    mini_batch_loss,
+    mini_batches,
+    step_targets,
+)
 from raptb.app.rl_step import needs_reference, rl_loss_step, sequence_rewards
-from raptb.app.step import correct_texts, reward, roll_out
+from raptb.app.step import LossResult, Trajectories, correct_texts, reward, roll_out
 from raptb.app.train import Trainer, TrainingError, _MicroStats
 from raptb.core.ppo import PPO
 from raptb.core.rl_objectives import RLObjective, rl_objective_by_name
@@ -35,6 +50,23 @@ from raptb.core.rl_objectives import RLObjective, rl_objective_by_name
 class _RLStats(_MicroStats):
     rewards: list[float]
     """The micro-batch's terminal rewards."""
+
+
+@dataclass(frozen=True)
+class _Rollout:
+    """One micro-batch's rollout: sequences, terminal rewards [B], and what the record counts."""
+
+    batch: Trajectories
+    terminal: torch.Tensor
+    hits: int
+
+    @property
+    def on_policy(self) -> int:
+        return len(self.batch.on_policy)
+
+    @property
+    def rewards(self) -> list[float]:
+        return self.terminal.tolist()
 
 
 class RLTrainer(Trainer):
@@ -51,14 +83,23 @@ class RLTrainer(Trainer):
                 f"not a multiple of rl.num_generations {cfg.rl.num_generations} (whole GRPO "
                 "groups per process): change optim.batch_size or the number of processes"
             )
+        rows = cfg.optim.grad_accum * self.rank_batch
+        if cfg.loss == "ppo" and rows % cfg.rl.num_mini_batches:
+            raise TrainingError(
+                f"each of the {self.dist.world_size} processes trains on {rows} rows per step "
+                f"(grad_accum x its share of batch_size), not a multiple of "
+                f"rl.num_mini_batches {cfg.rl.num_mini_batches}: change rl.num_mini_batches, "
+                "optim.batch_size, optim.grad_accum or the number of processes"
+            )
         objective = rl_objective_by_name(cfg.loss, **cfg.rl_objective_kwargs())
         uses_prior = cfg.rl.reward == "log_r" and cfg.reward.kappa > 0
         if (needs_reference(objective) or uses_prior) and not is_peft_model(self.policy.model):
             self.policy.freeze_reference()  # the base weights, before any update or resume
         self.value_head = None
         if isinstance(objective, PPO):
+            disable_dropout(self.policy.model)
             hidden_size = int(self.policy.model.config.hidden_size)
-            self.value_head = ValueHead(hidden_size).to(self.policy.device)
+            self.value_head = ValueHead(hidden_size, dropout=0.0).to(self.policy.device)
         return objective
 
     def _extra_param_groups(self) -> list[dict[str, Any]]:
@@ -74,7 +115,9 @@ class RLTrainer(Trainer):
         if self.value_head is not None:
             self.value_head.load_state_dict(saved["value_head"])
 
-    def _micro_batch(self, prompt: str) -> _RLStats | None:
+    def _roll_out(self, prompt: str) -> _Rollout:
+        """This process's share of one micro-batch for ``prompt``, its task rewards and the
+        terminal reward each row is judged by."""
         cfg = self.cfg
         # on-policy at temperature 1 (TRL's default): log pi is untempered, so the sampling
         # policy is the trained one up to the grammar mask
@@ -86,41 +129,95 @@ class RLTrainer(Trainer):
         correct = correct_texts(self.task, batch, rewards)
         self.correct_seen.update(correct)
         terminal = sequence_rewards(rewards, batch.length, cfg.rl.reward)
+        return _Rollout(batch, terminal, len(correct))
+
+    def _micro_batch(self, prompt: str) -> _RLStats | None:
+        """GRPO: roll out, score and backpropagate one micro-batch."""
+        rollout = self._roll_out(prompt)
         result = rl_loss_step(
-            self.policy,
-            self.objective,
-            batch,
-            terminal,
-            cfg.optim.grad_accum,
-            value_head=self.value_head,
+            self.policy, self.objective, rollout.batch, rollout.terminal, self.cfg.optim.grad_accum
         )
         if result is None:
             return None
         return _RLStats(
             loss=result.loss,
             diagnostics=result.diagnostics,
-            on_policy=len(batch.on_policy),
-            hits=len(correct),
+            on_policy=rollout.on_policy,
+            hits=rollout.hits,
             replayed=False,
-            temperature=batch.temperature,
-            rewards=terminal.tolist(),
+            temperature=rollout.batch.temperature,
+            rewards=rollout.rewards,
         )
 
+    def _optimizer_step(self) -> dict[str, Any] | None:
+        if self.value_head is None or not isinstance(self.objective, PPO):
+            return super()._optimizer_step()
+        return self._ppo_update(self.objective, self.value_head)
+
+    def _ppo_update(self, objective: PPO, value_head: ValueHead) -> dict[str, Any] | None:
+        """One PPO update (TRL's): roll out the step's micro-batches, fix the old log-probs,
+        values and advantages, then num_ppo_epochs passes of num_mini_batches optimizer steps.
+        None, with every process skipping together, when a rollout quantity or a loss is not
+        finite (the optimizer steps already taken in this update stay)."""
+        cfg = self.cfg
+        prompts = self.task.prompts()
+        self.policy.model.train()
+        value_head.train()
+        start = time.perf_counter()
+        first = self.step * cfg.optim.grad_accum
+        rollouts = [
+            self._roll_out(prompts[(first + micro) % len(prompts)])
+            for micro in range(cfg.optim.grad_accum)
+        ]
+        reference = needs_reference(objective)
+        fixed = [
+            fixed_rollout(self.policy, value_head, r.batch, r.terminal, reference=reference)
+            for r in rollouts
+        ]
+        kept: list[PPORollout] = [f for f in fixed if f is not None]
+        if self.dist.any_true(len(kept) < len(fixed)):
+            return None
+        targets = step_targets(objective, kept)
+        rows = sum(f.rows for f in kept)
+        passes: list[LossResult] = []
+        for _ in range(cfg.rl.num_ppo_epochs):
+            for mini_batch in mini_batches(self.rng, rows, cfg.rl.num_mini_batches):
+                self.optimizer.zero_grad(set_to_none=True)
+                result = mini_batch_loss(
+                    self.policy, objective, value_head, kept, targets, mini_batch
+                )
+                failed = self.dist.any_true(result is None)
+                if failed or result is None:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    return None
+                self._apply_gradients()
+                passes.append(result)
+        record = self._record(rollouts, passes, time.perf_counter() - start)
+        record["ppo_updates"] = len(passes)
+        return record
+
     def _step_record(self, stats: list[Any], seconds: float) -> dict[str, Any]:
-        """loss, reward mean/std over the step's samples, the loss's diagnostics averaged over
-        the micro-batches (TRL's names: kl, clip_frac, value_loss, ...; None where undefined)."""
-        on_policy = sum(s.on_policy for s in stats)
-        rewards = np.concatenate([s.rewards for s in stats])
+        return self._record(stats, stats, seconds)
+
+    def _record(
+        self, rollouts: Sequence[Any], passes: Sequence[Any], seconds: float
+    ) -> dict[str, Any]:
+        """reward mean/std and acc over the step's ``rollouts`` (each with on_policy, hits,
+        rewards); loss and the loss's diagnostics averaged over the ``passes`` (each with loss,
+        diagnostics: GRPO's micro-batches, PPO's mini-batch updates) under TRL's names (kl,
+        clip_frac, value_loss, ...; None where undefined)."""
+        on_policy = sum(s.on_policy for s in rollouts)
+        rewards = np.concatenate([s.rewards for s in rollouts])
         record: dict[str, Any] = {
             "step": self.step + 1,
-            "loss": float(np.mean([s.loss for s in stats])),
+            "loss": float(np.mean([s.loss for s in passes])),
             "reward_mean": float(rewards.mean()),
             "reward_std": float(rewards.std()),
-            "acc": sum(s.hits for s in stats) / on_policy if on_policy else None,
+            "acc": sum(s.hits for s in rollouts) / on_policy if on_policy else None,
             "unique_correct": len(self.correct_seen),
         }
-        for key in stats[0].diagnostics:
-            value = float(np.mean([s.diagnostics[key] for s in stats]))
+        for key in passes[0].diagnostics:
+            value = float(np.mean([s.diagnostics[key] for s in passes]))
             name = "reward_group_std" if key == "reward_std" else key
             record.setdefault(name, value if np.isfinite(value) else None)
         record.update(nonfinite_skipped=self.nonfinite_total, seconds=seconds)

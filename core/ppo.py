@@ -9,8 +9,11 @@ the rollout (all detached): per-action KL to the reference
 
 per-action rewards r_t = -kl_coef kl_t (t <= tau) plus the terminal reward R at t = tau
 (optionally whitened without shifting the mean, ``whiten_rewards``), GAE advantages and returns
-from the rollout-time values (``core.advantages.gae``), advantages whitened over the micro-batch's
-actions (TRL always does this; ``whiten_advantages=False`` turns it off). Then, with
+from the rollout-time values (``core.advantages.gae``), advantages whitened over the batch's
+actions (TRL always does this; ``whiten_advantages=False`` turns it off). TRL computes these once
+over its whole rollout batch before the PPO epochs: ``advantages`` does that for any batch, and
+the loss takes its result (``targets``) for a subset of the rows, else computes it from the
+batch it is given. Then, with
 rho_t = exp(log pi_t - log pi_old_t) and m the action mask,
 
     pg_loss = mean_m max(-A rho, -A clip(rho, 1 - cliprange, 1 + cliprange))
@@ -18,7 +21,7 @@ rho_t = exp(log pi_t - log pi_old_t) and m the action mask,
                                          - G)^2)
     loss    = pg_loss + vf_coef vf_loss - entropy_coef mean_m H
 
-(mean_m: mean over every action of the micro-batch, TRL's ``masked_mean``). TRL's PPO has no
+(mean_m: mean over every action of the batch, TRL's ``masked_mean``). TRL's PPO has no
 entropy bonus (entropy_coef defaults to 0 here).
 
 **Differences from TRL**, deliberate: TRL adds the score one position *after* the EOS token (a
@@ -46,6 +49,8 @@ from raptb.core.rl_batch import RLBatch
 
 Array = Any
 Diagnostics = dict[str, float]
+Targets = tuple[Array, Array, Array | None]
+"""(advantages, returns, kl) [B, T+1] of ``PPO.advantages``."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,7 @@ class PPO:
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag}: must be a bool, got {getattr(self, flag)!r}")
 
-    def advantages(self, batch: RLBatch) -> tuple[Array, Array, Array | None]:
+    def advantages(self, batch: RLBatch) -> Targets:
         """Detached (advantages, returns, kl) [B, T+1] from the rollout, 0 after tau.
 
         kl is the per-action KL estimate (None without reference log-probs); advantages are
@@ -105,11 +110,13 @@ class PPO:
             adv = xp.where(mask, masked_whiten(adv, mask), xp.zeros_like(adv))
         return adv, returns, kl
 
-    def __call__(self, batch: RLBatch) -> tuple[Array, Diagnostics]:
+    def __call__(self, batch: RLBatch, targets: Targets | None = None) -> tuple[Array, Diagnostics]:
         """Loss and detached diagnostics of one micro-batch (no grad_accum scaling applied).
 
         Needs ``values`` (with gradients) and ``old_values``; ``ref_log_probs`` when kl_coef != 0;
-        ``entropy`` when entropy_coef != 0.
+        ``entropy`` when entropy_coef != 0. ``targets``: the (advantages, returns, kl) of these
+        rows, computed once over a larger rollout by ``advantages`` (each [B, T+1], kl None
+        without a reference); None computes them from ``batch``.
         """
         xp = batch.xp
         if batch.values is None or batch.old_values is None:
@@ -119,7 +126,14 @@ class PPO:
         if self.entropy_coef != 0.0 and batch.entropy is None:
             raise ValueError("PPO with entropy_coef != 0 needs the per-state entropy")
         mask = batch.action_mask
-        adv, returns, kl = self.advantages(batch)
+        adv, returns, kl = self.advantages(batch) if targets is None else targets
+        for name, arr in zip(("advantages", "returns"), (adv, returns), strict=True):
+            if tuple(arr.shape) != tuple(batch.log_probs.shape):
+                raise ValueError(
+                    f"targets: {name} has shape {tuple(arr.shape)}, the batch "
+                    f"{tuple(batch.log_probs.shape)}"
+                )
+        adv, returns = batch.masked(stop_gradient(adv)), batch.masked(stop_gradient(returns))
 
         values = batch.masked(batch.values)
         old_values = batch.masked(stop_gradient(batch.old_values))

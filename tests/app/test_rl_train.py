@@ -22,7 +22,11 @@ from tests.app.test_train import records, small_config, weights
 
 @pytest.mark.parametrize(
     ("loss", "extra"),
-    [("grpo", {}), ("grpo", {"rl.beta": 0.04, "rl.num_generations": 4}), ("ppo", {})],
+    [
+        ("grpo", {}),
+        ("grpo", {"rl.beta": 0.04, "rl.num_generations": 4}),
+        ("ppo", {"rl.num_ppo_epochs": 1}),
+    ],
 )
 def test_rl_losses_train(tmp_path, loss, extra):
     trainer = make_trainer(small_config(loss=loss, steps=2, **extra), tmp_path, progress=False)
