@@ -132,10 +132,16 @@ class RLTrainer(Trainer):
         return _Rollout(batch, terminal, len(correct))
 
     def _micro_batch(self, prompt: str) -> _RLStats | None:
-        """GRPO: roll out, score and backpropagate one micro-batch."""
+        """Roll out, score and backpropagate one micro-batch in a single pass (GRPO's step; for
+        PPO, the one-epoch schedule without the whole-step advantages)."""
         rollout = self._roll_out(prompt)
         result = rl_loss_step(
-            self.policy, self.objective, rollout.batch, rollout.terminal, self.cfg.optim.grad_accum
+            self.policy,
+            self.objective,
+            rollout.batch,
+            rollout.terminal,
+            self.cfg.optim.grad_accum,
+            value_head=self.value_head,
         )
         if result is None:
             return None

@@ -55,9 +55,11 @@ def test_rl_losses_train(tmp_path, loss, extra):
         assert trainer.value_head is None
 
 
-@pytest.mark.parametrize("loss", ["grpo", "ppo"])
-def test_resume_equals_uninterrupted_rl_run(tmp_path, loss):
-    cfg = small_config(loss=loss, steps=4)
+@pytest.mark.parametrize(
+    ("loss", "extra"), [("grpo", {}), ("ppo", {}), ("ppo", {"rl.num_mini_batches": 2})]
+)
+def test_resume_equals_uninterrupted_rl_run(tmp_path, loss, extra):
+    cfg = small_config(loss=loss, steps=4, **extra)  # PPO: 4 epochs (TRL's default)
     straight = make_trainer(cfg, tmp_path / "a", progress=False)
     straight.train()
     first = make_trainer(cfg, tmp_path / "b", progress=False)

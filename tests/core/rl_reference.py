@@ -116,8 +116,9 @@ def grpo_loss(
     return sum(sum(r) for r in rows) / b  # luspo
 
 
-def ppo_loss(logp, old, ref, rewards, length, values, old_values, cfg: dict) -> float:
-    """PPO loss of one micro-batch, loop form of ``core.ppo``'s docstring."""
+def ppo_loss(logp, old, ref, rewards, length, values, old_values, cfg: dict, rows=None) -> float:
+    """PPO loss of one micro-batch, loop form of ``core.ppo``'s docstring; with ``rows``, the
+    loss of those rows only, their advantages whitened over every row (one PPO mini-batch)."""
     b = len(rewards)
     ns = [int(length[i]) + 1 for i in range(b)]
     tok_r = []
@@ -147,7 +148,7 @@ def ppo_loss(logp, old, ref, rewards, length, values, old_values, cfg: dict) -> 
         advs = _unflatten(whiten([a for row in advs for a in row], shift_mean=True), ns)
     pg, vf = [], []
     cr, cv = cfg["cliprange"], cfg["cliprange_value"]
-    for i in range(b):
+    for i in range(b) if rows is None else rows:
         for t in range(ns[i]):
             ratio = math.exp(logp[i][t] - old[i][t])
             a = advs[i][t]
