@@ -17,7 +17,8 @@ mini-batch the parts are the rollout's micro-batches, each weighted 1 / grad_acc
 
 Dropout is off (``disable_dropout``, as TRL's PPO does in its policy and value model), so the old
 log-probs and values, taken without gradient, are the very function the first pass evaluates:
-the first update's ratios are 1, later ones are exp(log pi - log pi_old) of the updated policy.
+the first optimizer step sees ratios of 1, every later one exp(log pi - log pi_old) of the policy
+as updated so far.
 """
 
 from __future__ import annotations
@@ -92,8 +93,8 @@ def step_targets(objective: PPO, rollouts: list[PPORollout]) -> Targets:
     width = max(int(r.old_log_probs.shape[1]) for r in rollouts)
     old = _padded([r.old_log_probs for r in rollouts], width)
     values = _padded([r.old_values for r in rollouts], width)
-    refs = [r.ref_log_probs for r in rollouts]
-    ref = None if any(x is None for x in refs) else _padded(refs, width)
+    refs = [r.ref_log_probs for r in rollouts if r.ref_log_probs is not None]
+    ref = _padded(refs, width) if len(refs) == len(rollouts) else None
     batch = RLBatch(
         log_probs=old,
         old_log_probs=old,
