@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -86,6 +86,10 @@ class HFPolicy:
         self._sub_of = {full: sub for sub, full in enumerate(legal)}
         self._grammars: dict[int, GrammarBatch] = {}
         self._frozen_copy: PreTrainedModel | None = None
+        self.step_together: Callable[[bool], bool] | None = None
+        """For a model sharded across processes (whose forwards are collectives): called once per
+        rollout step with whether this process's rows have all stopped, it returns whether every
+        process's have; the rollout steps on (forwards only) until then. None: one process."""
         if grammar is not None:
             # compile now so that a bad grammar fails at construction, not mid-training
             self.grammar_batch(1)
@@ -210,6 +214,11 @@ class HFPolicy:
             return ref_pf, ref_pterm
         ref_pf, ref_pterm = self._forward_log_probs(self.freeze_reference(), prompt, tokens, length)
         return ref_pf, ref_pterm
+
+    @property
+    def reference_copy(self) -> PreTrainedModel | None:
+        """The frozen reference copy if ``freeze_reference`` has taken one, else None."""
+        return self._frozen_copy
 
     def freeze_reference(self) -> PreTrainedModel:
         """The frozen copy of a non-peft model used as the reference, taken on the first call.

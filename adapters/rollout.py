@@ -132,6 +132,7 @@ def sample_rollout(
             use_cache=True,
         )
         model_s += time.perf_counter() - tic
+        idle = False  # every row of this rank has stopped (only while other ranks step on)
         for k in range(big_t + 1):
             logits = out.logits[:, -1, :]
             if k == big_t:
@@ -140,36 +141,45 @@ def sample_rollout(
                 )
                 log_pterm[:, k] = torch.where(active, stop_lp, 0.0)
                 break
-            tic = time.perf_counter()
-            # [n, L + 1]: legal tokens, then "the text is complete"; one copy to the device
-            mask = free_mask if grammar is None else grammar.next_mask().to(device)
-            grammar_s += time.perf_counter() - tic
-            allowed = mask[:, :num_legal]
-            can_stop = mask[:, num_legal] & (k >= min_length)
-            # a dead end (nothing allowed, stop not allowed) stops rather than failing
-            can_stop |= ~allowed.any(dim=1)
-            can_stop |= ~active
-            sub_mask = torch.cat([allowed & active[:, None], can_stop[:, None]], dim=1)
-            behaviour = logits[:, sub_ids].float() / temp[:, None]
-            behaviour = behaviour.masked_fill(~sub_mask, float("-inf"))
-            choice = torch.multinomial(
-                torch.softmax(behaviour, dim=1), 1, generator=generator
-            ).squeeze(1)
-            stops = active & (choice == num_legal)
-            moves = active & ~stops
-            step_tokens = torch.where(moves, legal[choice.clamp(max=num_legal - 1)], policy.pad_id)
-            token_lp, stop_lp = token_log_probs(logits, step_tokens, policy.stop_id)
-            log_pterm[:, k] = torch.where(active, stop_lp, 0.0)
-            log_pf[:, k] = torch.where(moves, token_lp, 0.0)
-            tokens[:, k] = step_tokens
-            length = torch.where(stops, k, length)
-            active = moves
-            # the step's only host round trip: each row's new token, -1 where the row is done
-            moved = torch.where(moves, step_tokens, -1).tolist()
-            rows = [row for row, token in enumerate(moved) if token >= 0]
-            if not rows:
+            rows: list[int] = []
+            if not idle:
+                tic = time.perf_counter()
+                # [n, L + 1]: legal tokens, then "the text is complete"; one copy to the device
+                mask = free_mask if grammar is None else grammar.next_mask().to(device)
+                grammar_s += time.perf_counter() - tic
+                allowed = mask[:, :num_legal]
+                can_stop = mask[:, num_legal] & (k >= min_length)
+                # a dead end (nothing allowed, stop not allowed) stops rather than failing
+                can_stop |= ~allowed.any(dim=1)
+                can_stop |= ~active
+                sub_mask = torch.cat([allowed & active[:, None], can_stop[:, None]], dim=1)
+                behaviour = logits[:, sub_ids].float() / temp[:, None]
+                behaviour = behaviour.masked_fill(~sub_mask, float("-inf"))
+                choice = torch.multinomial(
+                    torch.softmax(behaviour, dim=1), 1, generator=generator
+                ).squeeze(1)
+                stops = active & (choice == num_legal)
+                moves = active & ~stops
+                step_tokens = torch.where(
+                    moves, legal[choice.clamp(max=num_legal - 1)], policy.pad_id
+                )
+                token_lp, stop_lp = token_log_probs(logits, step_tokens, policy.stop_id)
+                log_pterm[:, k] = torch.where(active, stop_lp, 0.0)
+                log_pf[:, k] = torch.where(moves, token_lp, 0.0)
+                tokens[:, k] = step_tokens
+                length = torch.where(stops, k, length)
+                active = moves
+                # the step's only host round trip: each row's new token, -1 where the row is done
+                moved = torch.where(moves, step_tokens, -1).tolist()
+                rows = [row for row, token in enumerate(moved) if token >= 0]
+            done = not rows
+            if policy.step_together is not None:
+                # a sharded model's forwards are collectives: step on until every rank is done
+                done = policy.step_together(done)
+            if done:
                 break
-            if grammar is not None:
+            idle = not rows
+            if grammar is not None and rows:
                 tic = time.perf_counter()
                 accepted = grammar.accept_many(rows, [moved[row] for row in rows])
                 grammar_s += time.perf_counter() - tic

@@ -30,7 +30,9 @@ one training run:
 - Precision: on CUDA the policy runs in bf16 (``adapters.lora.preferred_dtype``) while logZ stays
   a float32 parameter; gradients are reduced in their own dtypes. accelerate's
   ``mixed_precision`` setting is not used because the model is not wrapped by ``prepare``.
-- FSDP and DeepSpeed shard the model and need it wrapped: refused clearly (see README).
+- FSDP (an accelerate config with ``distributed_type: FSDP``, version 2): the same rules, with
+  the policy sharded across ranks; ``app.sharding`` states what sharding adds. DeepSpeed is
+  refused clearly (see README).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from raptb.app.sharding import ShardingPlan, is_sharded, plan_from_accelerate
 from raptb.app.step import LossResult
 from raptb.core.replay import ReplayBuffer, ReplayItem
 
@@ -62,6 +65,9 @@ class DistContext:
     world_size: int
     local_rank: int
     device: torch.device
+    sharding: ShardingPlan | None = None
+    """How the training policy is sharded (an FSDP launch); None: each rank holds the whole
+    model."""
 
     @classmethod
     def single(cls, device: torch.device | None = None) -> DistContext:
@@ -78,15 +84,16 @@ class DistContext:
         Without a launcher's ``WORLD_SIZE`` > 1 in the environment, accelerate is not consulted:
         one process, as :meth:`single`.
 
-        Raises ValueError (one line) for FSDP/DeepSpeed launches, which this trainer does not
-        wrap the model for.
+        An FSDP launch (``ACCELERATE_USE_FSDP``) carries its :class:`ShardingPlan`. Raises
+        ValueError (one line) for DeepSpeed launches and FSDP settings this trainer does not
+        implement.
         """
-        sharded = [name for name in ("FSDP", "DEEPSPEED") if _env_flag(f"ACCELERATE_USE_{name}")]
-        if sharded:
+        if _env_flag("ACCELERATE_USE_DEEPSPEED"):
             raise ValueError(
-                f"{sharded[0]} is not supported: raptb trains data-parallel only (accelerate "
-                "launch --multi_gpu, or a config with distributed_type MULTI_GPU / MULTI_CPU)"
+                "DeepSpeed is not supported: raptb trains data-parallel or fully sharded "
+                "(accelerate configs with distributed_type MULTI_GPU / MULTI_CPU, or FSDP)"
             )
+        sharding = plan_from_accelerate() if _env_flag("ACCELERATE_USE_FSDP") else None
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
             return cls.single()
         from accelerate import PartialState
@@ -106,6 +113,7 @@ class DistContext:
             world_size=state.num_processes,
             local_rank=state.local_process_index,
             device=state.device,
+            sharding=sharding,
         )
 
     @property
@@ -164,14 +172,21 @@ class DistContext:
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item())
 
+    def all_true(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on every rank."""
+        return not self.any_true(not flag)
+
     def average_gradients(self, params: Iterable[torch.Tensor]) -> None:
         """Replace each parameter's gradient by its mean over ranks (one all-reduce per
         device and dtype). A missing gradient counts as zeros, so every rank reduces the same
-        tensors in the same order."""
+        tensors in the same order. Sharded parameters are skipped: FSDP averaged their gradients
+        in backward."""
         if self.world_size == 1:
             return
         groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
         for p in params:
+            if is_sharded(p):
+                continue
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             groups.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)

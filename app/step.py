@@ -13,7 +13,7 @@ decoded or rebuilt; task rewards become a tensor once, in ``reward``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -282,16 +282,24 @@ def loss_step(
     rewards: Rewards,
     step: int,
     grad_accum: int,
+    agree: Callable[[bool], bool] | None = None,
 ) -> LossResult | None:
     """Rescore ``batch`` under the current policy (one teacher-forced forward with gradients),
     evaluate the objective and backpropagate loss / grad_accum. None, with no backward, when the
-    log-probabilities or the loss are not finite."""
+    log-probabilities or the loss are not finite.
+
+    agree: for a model sharded across processes (whose backward is a collective), called once
+    with whether this process's loss is finite; it returns whether every process's is, and all
+    skip the backward together otherwise."""
     log_pf, log_pterm = policy.score(batch.prompt, batch.tokens, batch.length)
-    if not (torch.isfinite(log_pf).all() and torch.isfinite(log_pterm).all()):
-        return None
-    prefixes = to_prefix_batch(log_pf, log_pterm, rewards.log_r, rewards.u, batch.length)
-    loss, diagnostics = objective(prefixes, log_z, step)
-    if not torch.isfinite(loss):
+    loss: torch.Tensor | None = None
+    if torch.isfinite(log_pf).all() and torch.isfinite(log_pterm).all():
+        prefixes = to_prefix_batch(log_pf, log_pterm, rewards.log_r, rewards.u, batch.length)
+        loss, diagnostics = objective(prefixes, log_z, step)
+    finite = loss is not None and bool(torch.isfinite(loss))
+    if agree is not None:
+        finite = agree(finite)
+    if not finite or loss is None:
         return None
     (loss / grad_accum).backward()
     return LossResult(float(loss.detach()), diagnostics)

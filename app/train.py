@@ -59,6 +59,7 @@ from raptb.app.reward_calls import RewardCaller
 from raptb.app.reward_schedule import RewardSchedule
 from raptb.app.run_log import cut_log, log_path
 from raptb.app.runtime import PrefixScorer, build_policy, build_task
+from raptb.app.sharding import clip_grad_norm, shard_policy
 from raptb.app.step import (
     collect,
     correct_texts,
@@ -68,7 +69,7 @@ from raptb.app.step import (
 )
 from raptb.app.stop_request import StopRequest
 from raptb.app.train_progress import bar_fields, progress_bar
-from raptb.app.train_state import load_trainer_state, save_trainer_state
+from raptb.app.train_state import load_model_weights, load_trainer_state, save_trainer_state
 from raptb.core.objectives import objective_by_name
 
 
@@ -145,6 +146,10 @@ class Trainer:
         self.scorer = PrefixScorer(self.task, self.policy, config.reward.reward_scale, self.rewards)
         self.log_z = torch.nn.Parameter(torch.tensor(config.optim.log_z_init, dtype=torch.float32))
         self.objective = self._build_objective()
+        if checkpoint is not None:
+            load_model_weights(self.policy.model, checkpoint)  # before sharding, if any
+        if self.dist.sharding is not None:
+            shard_policy(self.policy, self.dist.sharding, self.dist.all_true)
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             [
@@ -218,7 +223,14 @@ class Trainer:
         )
         correct = correct_texts(self.task, batch, rewards)
         result = loss_step(
-            self.policy, self.objective, self.log_z, batch, rewards, self.step, cfg.optim.grad_accum
+            self.policy,
+            self.objective,
+            self.log_z,
+            batch,
+            rewards,
+            self.step,
+            cfg.optim.grad_accum,
+            agree=self.dist.all_true if self.dist.sharding else None,
         )
         totals = combine_micro_batch(self.dist, result, correct, len(batch.on_policy))
         self.correct_seen.update(totals.correct)
@@ -260,8 +272,11 @@ class Trainer:
         """The accumulated gradients averaged over ranks, clipped, and one optimizer step."""
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.dist.average_gradients(params)  # logZ's gradient too: it is in the param groups
-        if self.cfg.optim.clip is not None:
-            torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.clip)
+        clip = self.cfg.optim.clip
+        if clip is not None and self.dist.sharding is None:
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        elif clip is not None:
+            clip_grad_norm(params, clip)  # one norm over the shards, logZ and any head
         self.optimizer.step()
 
     def _step_record(self, stats: list[Any], seconds: float) -> dict[str, Any]:

@@ -8,7 +8,8 @@ A checkpoint folder (written through ``app.checkpoint.save_atomically``) holds
 - ``state``: step, non-finite counters, the successful texts seen, the shared numpy RNG and the
   replay buffer.
 
-Only rank 0 writes; the other ranks wait for it and return the same folder.
+Only rank 0 writes; the other ranks wait for it and return the same folder. A sharded policy
+(app.sharding) is gathered whole first, so the files are those of an unsharded run.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from transformers import AutoModelForCausalLM
 from raptb.adapters.lora import is_peft_model, load_adapter_weights
 from raptb.app.checkpoint import read_state, save_atomically, write_state
 from raptb.app.distributed import rank_rng_state, restore_rank_rng
+from raptb.app.sharding import full_model_state, full_optimizer_state, load_optimizer_state
 
 if TYPE_CHECKING:
     from raptb.app.train import Trainer
@@ -30,14 +32,19 @@ if TYPE_CHECKING:
 def save_trainer_state(trainer: Trainer) -> Path:
     """Checkpoint ``trainer`` at its current step (rank 0 writes); the folder, on every rank."""
     ranks_rng = trainer.dist.all_gather_object(rank_rng_state(trainer.generator))
+    sharded = trainer.dist.sharding is not None
+    # gathering the shards is a collective: every rank takes part, rank 0 writes
+    main = trainer.dist.is_main
+    weights = full_model_state(trainer.policy.model, keep=main) if sharded else None
+    optimizer = full_optimizer_state(trainer.optimizer, keep=main) if sharded else None
 
     def write(folder: Path) -> None:
         model_dir = folder / "model"
-        trainer.policy.model.save_pretrained(model_dir, safe_serialization=True)
+        trainer.policy.model.save_pretrained(model_dir, safe_serialization=True, state_dict=weights)
         trainer.policy.tokenizer.save_pretrained(model_dir)
         torch.save(
             {
-                "optimizer": trainer.optimizer.state_dict(),
+                "optimizer": trainer.optimizer.state_dict() if optimizer is None else optimizer,
                 "log_z": trainer.log_z.detach().clone(),
                 "ranks_rng": ranks_rng,
                 **trainer._extra_state(),
@@ -62,19 +69,28 @@ def save_trainer_state(trainer: Trainer) -> Path:
     return trainer.dist.on_main(save)  # also holds the other ranks until the folder exists
 
 
-def load_trainer_state(trainer: Trainer, folder: Path) -> None:
-    """Restore ``trainer`` from checkpoint ``folder`` (on every rank: each takes its own RNG
-    streams; another world size than the writer's continues with one warning)."""
-    policy = trainer.policy
-    if is_peft_model(policy.model):
-        load_adapter_weights(policy.model, folder / "model")
+def load_model_weights(model: torch.nn.Module, folder: Path) -> None:
+    """The trained weights of checkpoint ``folder`` into ``model`` (the LoRA adapter only, with
+    LoRA); before the model is sharded, if it will be."""
+    if is_peft_model(model):
+        load_adapter_weights(model, folder / "model")
     else:
         trained = AutoModelForCausalLM.from_pretrained(folder / "model")
-        policy.model.load_state_dict(trained.state_dict())
+        model.load_state_dict(trained.state_dict())
+
+
+def load_trainer_state(trainer: Trainer, folder: Path) -> None:
+    """Restore the rest of ``trainer`` from checkpoint ``folder``, after
+    :func:`load_model_weights` (on every rank: each takes its own RNG streams and, with a sharded
+    policy, its shards of the optimizer states; another world size than the writer's continues
+    with one warning)."""
     saved = torch.load(folder / "trainer.pt", weights_only=True)
     with torch.no_grad():
         trainer.log_z.copy_(saved["log_z"])
-    trainer.optimizer.load_state_dict(saved["optimizer"])
+    if trainer.dist.sharding is None:
+        trainer.optimizer.load_state_dict(saved["optimizer"])
+    else:
+        load_optimizer_state(trainer.optimizer, saved["optimizer"])
     trainer._load_extra_state(saved)
     state = read_state(folder)
     trainer.step = int(state["step"])

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from accelerate import PartialState
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from raptb.adapters.registry import task_spec
 from raptb.app.config import build_config
@@ -40,8 +41,11 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _rank_main(rank: int, world: int, port: int, body: Callable[..., Any], args: tuple) -> None:
+def _rank_main(
+    rank: int, world: int, port: int, env: dict[str, str], body: Callable[..., Any], args: tuple
+) -> None:
     os.environ.update(
+        env,
         RANK=str(rank),
         LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world),
@@ -59,11 +63,18 @@ def _rank_main(rank: int, world: int, port: int, body: Callable[..., Any], args:
             dist.destroy_process_group()
 
 
-def run_ranks(body: Callable[..., Any], *args: Any, world: int = 2) -> None:
-    """``body(*args)`` on ``world`` forked CPU processes joined by gloo; raises when one fails."""
+# what ``accelerate launch`` with an FSDP config (fsdp_version 2) puts in its workers' environment
+FSDP_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
+
+
+def run_ranks(
+    body: Callable[..., Any], *args: Any, world: int = 2, env: dict[str, str] | None = None
+) -> None:
+    """``body(*args)`` on ``world`` forked CPU processes joined by gloo, with the launcher's
+    variables plus ``env``; raises when one fails."""
     mp.start_processes(
         _rank_main,
-        args=(world, _free_port(), body, args),
+        args=(world, _free_port(), env or {}, body, args),
         nprocs=world,
         join=True,
         start_method="fork",
@@ -97,9 +108,15 @@ EQUIVALENCE = {
 }
 
 
-def equivalence(out: Path, ctx: DistContext | None = None) -> None:
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of ``tensor``, gathered whole when sharded (a collective then)."""
+    return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().clone()
+
+
+def equivalence(out: Path, ctx: DistContext | None = None, lora: int = 0) -> None:
     """Train one step on fixed rollouts (the same BATCH rows per micro-batch on every world size,
-    each rank taking its contiguous share); save gradients, parameters and logZ."""
+    each rank taking its contiguous share); save gradients, parameters and logZ (whole, when the
+    policy is sharded). ``lora``: the LoRA rank (0: full fine-tuning)."""
     ctx = DistContext.from_accelerate() if ctx is None else ctx
     micro = iter(range(ACCUM))
 
@@ -120,7 +137,8 @@ def equivalence(out: Path, ctx: DistContext | None = None) -> None:
             timings=None,
         )
 
-    config = build_config(overrides=EQUIVALENCE)
+    # no LoRA dropout: its masks are drawn per rank, so the ranks would not share one function
+    config = build_config(overrides={**EQUIVALENCE, "lora.rank": lora, "lora.dropout": 0.0})
     # clip None is "not given" as an override, so it is set on the built config
     config = config.model_copy(update={"optim": config.optim.model_copy(update={"clip": None})})
     assert config.optim.clip is None
@@ -130,14 +148,14 @@ def equivalence(out: Path, ctx: DistContext | None = None) -> None:
     step = trainer.optimizer.step
 
     def recording_step(*args, **kwargs):
-        grads.update({k: p.grad.detach().clone() for k, p in named.items() if p.grad is not None})
+        grads.update({k: _whole(p.grad) for k, p in named.items() if p.grad is not None})
         grads["log_z"] = trainer.log_z.grad.detach().clone()
         return step(*args, **kwargs)
 
     with mock.patch("raptb.app.train.collect", fixed_collect):
         trainer.optimizer.step = recording_step
         trainer.train()
-    params = {k: p.detach().clone() for k, p in named.items()}
+    params = {k: _whole(p) for k, p in named.items()}
     params["log_z"] = trainer.log_z.detach().clone()
     torch.save({"grads": grads, "params": params}, out / f"rank{ctx.rank}.pt")
 
@@ -185,3 +203,26 @@ def buffers(out: Path) -> None:
             "rng_after": int(shared.integers(1 << 30)),
         }
     (out / f"rank{ctx.rank}.json").write_text(json.dumps(found))
+
+
+def clipping(out: Path) -> None:
+    """Random gradients on a sharded tiny model plus an unsharded scalar (logZ's role), clipped by
+    ``app.sharding.clip_grad_norm``; saves the whole clipped gradients and the norm returned, and
+    the same random gradients unclipped (identical on every rank: one seed)."""
+    from raptb.adapters.models import build_char_tokenizer, build_tiny_model
+    from raptb.app.sharding import ShardingPlan, clip_grad_norm, shard_model
+
+    ctx = DistContext.from_accelerate()
+    model = build_tiny_model(build_char_tokenizer(), seed=0)
+    scalar = torch.nn.Parameter(torch.zeros(()))
+    generator = torch.Generator().manual_seed(11)
+    raw = {name: torch.randn(p.shape, generator=generator) for name, p in model.named_parameters()}
+    raw["scalar"] = torch.randn((), generator=generator) * 5
+    shard_model(model, ShardingPlan(wrap=None, reshard_after_forward=True, offload=False))
+    for name, p in model.named_parameters():
+        p.grad = distribute_tensor(raw[name], p.device_mesh, p.placements, src_data_rank=None)
+    scalar.grad = raw["scalar"].clone()
+    norm = clip_grad_norm([*model.parameters(), scalar], 1.5)
+    clipped = {name: _whole(p.grad) for name, p in model.named_parameters()}
+    clipped["scalar"] = scalar.grad.clone()
+    torch.save({"raw": raw, "clipped": clipped, "norm": norm}, out / f"rank{ctx.rank}.pt")

@@ -108,11 +108,11 @@ def test_resume_on_another_world_size_warns_and_reseeds():
     assert not torch.equal(fresh.get_state(), same.get_state())
 
 
-def test_fsdp_launch_is_refused_in_one_line(monkeypatch, capsys, tmp_path):
-    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+def test_deepspeed_launch_is_refused_in_one_line(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     cli("train", "--steps", "1", "--out", str(tmp_path / "run"), "--no-progress", expect=2)
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: FSDP is not supported") and "\n" not in err
+    assert err.startswith("error: DeepSpeed is not supported") and "\n" not in err
 
 
 # --- 2 processes -------------------------------------------------------------------------------
