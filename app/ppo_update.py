@@ -23,6 +23,7 @@ as updated so far.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,11 +123,16 @@ def mini_batch_loss(
     rollouts: list[PPORollout],
     targets: Targets,
     rows: np.ndarray,
+    agree: Callable[[bool], bool] | None = None,
 ) -> LossResult | None:
     """Backpropagate the PPO loss of the step's ``rows`` (indices into the rollouts' rows in
     order) with the current policy and value head; the loss and diagnostics weighted as the
     gradient is (each micro-batch's part by its share of the rows). None when a log-prob, value
-    or loss is not finite (some parts may have been backpropagated: drop the gradients)."""
+    or loss is not finite (some parts may have been backpropagated: drop the gradients).
+
+    agree: with several processes, called once per part with whether this process's part is
+    finite; it returns whether every process's is, so that all stop before the same backward (a
+    collective when the policy is sharded)."""
     advantages, returns, kl = targets
     loss = 0.0
     diagnostics: dict[str, float] = {}
@@ -136,8 +142,6 @@ def mini_batch_loss(
         own = rows[(rows >= start) & (rows < stop)]
         if len(own):
             part = _part_batch(policy, value_head, rollout, own - start)
-            if part is None:
-                return None
             share = len(own) / len(rows)
             global_rows = torch.as_tensor(own, device=advantages.device)
             width = int(rollout.old_log_probs.shape[1])
@@ -146,8 +150,13 @@ def mini_batch_loss(
                 returns[global_rows, :width],
                 None if kl is None else kl[global_rows, :width],
             )
-            value, part_diagnostics = objective(part, part_targets)
-            if not torch.isfinite(value):
+            value: torch.Tensor | None = None
+            if part is not None:
+                value, part_diagnostics = objective(part, part_targets)
+            finite = value is not None and bool(torch.isfinite(value))
+            if agree is not None:
+                finite = agree(finite)
+            if not finite or value is None:
                 return None
             (value * share).backward()
             loss += share * float(value.detach())

@@ -16,6 +16,8 @@ objectives.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from raptb.adapters.policy import HFPolicy
@@ -104,16 +106,23 @@ def rl_loss_step(
     grad_accum: int,
     *,
     value_head: ValueHead | None = None,
+    agree: Callable[[bool], bool] | None = None,
 ) -> LossResult | None:
     """Evaluate ``objective`` on ``batch`` with terminal rewards ``terminal`` [B] and
-    backpropagate loss / grad_accum. None, with no backward, when the loss is not finite."""
+    backpropagate loss / grad_accum. None, with no backward, when the loss is not finite.
+
+    agree: with several processes, called once with whether this process's loss is finite; it
+    returns whether every process's is, so that all skip the backward (and the step) together."""
     rl = rl_batch(
         policy, batch, terminal, value_head=value_head, reference=needs_reference(objective)
     )
-    if rl is None:
-        return None
-    loss, diagnostics = objective(rl)
-    if not torch.isfinite(loss):
+    loss: torch.Tensor | None = None
+    if rl is not None:
+        loss, diagnostics = objective(rl)
+    finite = loss is not None and bool(torch.isfinite(loss))
+    if agree is not None:
+        finite = agree(finite)
+    if not finite or loss is None:
         return None
     (loss / grad_accum).backward()
     return LossResult(float(loss.detach()), diagnostics)

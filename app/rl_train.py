@@ -18,7 +18,7 @@ kl_coef) or the reward is log R with kappa > 0.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +102,12 @@ class RLTrainer(Trainer):
             self.value_head = ValueHead(hidden_size, dropout=0.0).to(self.policy.device)
         return objective
 
+    @property
+    def _agree(self) -> Callable[[bool], bool] | None:
+        """With several processes: whether a loss is finite on every one, asked before each
+        backward so that all skip together (no process waits in a collective for another)."""
+        return self.dist.all_true if self.dist.world_size > 1 else None
+
     def _extra_param_groups(self) -> list[dict[str, Any]]:
         if self.value_head is None:
             return []
@@ -142,6 +148,7 @@ class RLTrainer(Trainer):
             rollout.terminal,
             self.cfg.optim.grad_accum,
             value_head=self.value_head,
+            agree=self._agree,
         )
         if result is None:
             return None
@@ -190,7 +197,7 @@ class RLTrainer(Trainer):
             for mini_batch in mini_batches(self.rng, rows, cfg.rl.num_mini_batches):
                 self.optimizer.zero_grad(set_to_none=True)
                 result = mini_batch_loss(
-                    self.policy, objective, value_head, kept, targets, mini_batch
+                    self.policy, objective, value_head, kept, targets, mini_batch, self._agree
                 )
                 failed = self.dist.any_true(result is None)
                 if failed or result is None:

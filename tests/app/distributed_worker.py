@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -30,6 +31,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from raptb.adapters.registry import task_spec
 from raptb.app.config import build_config
 from raptb.app.distributed import DistContext, RankSlice, gather_items
+from raptb.app.rl_train import make_trainer
 from raptb.app.step import Trajectories, roll_out
 from raptb.app.train import Trainer
 from raptb.core.replay import ReplayItem, make_buffer
@@ -226,3 +228,28 @@ def clipping(out: Path) -> None:
     clipped = {name: _whole(p.grad) for name, p in model.named_parameters()}
     clipped["scalar"] = scalar.grad.clone()
     torch.save({"raw": raw, "clipped": clipped, "norm": norm}, out / f"rank{ctx.rank}.pt")
+
+
+def nonfinite_on_one_rank(out: Path, loss: str) -> None:
+    """Two steps of ``loss`` where rank 1's first loss is NaN and rank 0's is not: every rank must
+    skip that step together (under FSDP a rank that backpropagated alone would wait forever in
+    the reduce-scatter). Writes rank 0's log."""
+    ctx = DistContext.from_accelerate()
+    overrides = {"loss": loss, "steps": 2, "threads": 1, "optim.batch_size": 4}
+    overrides |= {"optim.grad_accum": 1, "checkpoint_every": 10, "replay.kind": "none"}
+    if loss == "grpo":
+        overrides["rl.num_generations"] = 2
+    config = build_config(overrides=overrides)
+    trainer = make_trainer(config, out / "run", progress=False, dist=ctx)
+    calls: list[int] = []
+    base = type(trainer.objective)
+
+    def poisoned(self: Any, *args: Any) -> Any:
+        value, diagnostics = base.__call__(self, *args)
+        calls.append(1)
+        return (value * float("nan") if ctx.rank == 1 and len(calls) == 1 else value), diagnostics
+
+    # the same objective (its type decides which inputs the trainer prepares), NaN once on rank 1
+    values = {f.name: getattr(trainer.objective, f.name) for f in fields(trainer.objective)}
+    trainer.objective = type("Poisoned", (base,), {"__call__": poisoned})(**values)
+    trainer.train()

@@ -22,7 +22,14 @@ from safetensors.torch import load_file
 from raptb.app.config import build_config
 from raptb.app.distributed import DistContext
 from raptb.app.runtime import build_policy, build_task
-from tests.app.distributed_worker import FSDP_ENV, cli, clipping, equivalence, run_ranks
+from tests.app.distributed_worker import (
+    FSDP_ENV,
+    cli,
+    clipping,
+    equivalence,
+    nonfinite_on_one_rank,
+    run_ranks,
+)
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "accelerate"
 
@@ -195,3 +202,13 @@ def test_accelerate_launch_with_the_fsdp_config_trains_lora(tmp_path):
     assert adapter and all("lora_" in name for name in adapter)
     state = torch.load(run / "checkpoints" / "step-000002" / "trainer.pt")
     assert len(state["ranks_rng"]) == 2
+
+
+@pytest.mark.parametrize("loss", ["raptb", "grpo", "ppo"])
+def test_a_nonfinite_loss_on_one_rank_skips_the_step_on_all(tmp_path, loss):
+    """Rank 1's first loss is NaN: both sharded ranks skip that step and train on (GFlowNet, GRPO
+    and PPO losses alike), instead of one rank waiting in a collective for the other."""
+    run_ranks(nonfinite_on_one_rank, tmp_path, loss, env=FSDP_ENV)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert [r["step"] for r in records] == [1, 2]
+    assert records[-1]["nonfinite_skipped"] == 1
