@@ -131,6 +131,14 @@ def _load_smollm2(dtype: torch.dtype | None) -> tuple[PreTrainedModel, PreTraine
             f"model: reading {gguf_file} needs the gguf package ({exc}); install it with: "
             f"{_SMOLLM2_INSTALL}"
         ) from exc
+    # transformers de-quantizes GGUF tensors into ordinary float weights but leaves the model
+    # marked as GGUF-quantized, and refuses to save_pretrained such a model: unmark it, so that
+    # full fine-tuning checkpoints (and reloads) like any other model
+    model.hf_quantizer = None
+    model.is_quantized = False
+    model.quantization_method = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     return model, tokenizer
 
 

