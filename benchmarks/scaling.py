@@ -1,15 +1,23 @@
-"""Data-parallel throughput on CPU: 1 process vs 2 processes, the same global batch.
+"""Throughput on CPU: 1 process vs 2 processes data-parallel (DDP-style) vs 2 processes fully
+sharded (FSDP2), the same global batch; and the model state each rank holds.
 
 Usage (from the repository root, in the environment raptb is installed in):
 
     python benchmarks/scaling.py [--steps 8] [--warmup 2] [--batch-size 16] [--rounds 2]
+        [--model tiny] [--lora-rank 0] [--memory]
 
-Each round trains the default Expr24 run (embedded tiny model, RapTB, SubM replay) once as a
-plain ``raptb train`` and once under ``accelerate launch`` with 2 CPU processes (gloo), one thread
-per process, in alternating order, so both see the same machine load. ``batch_size`` is the
-global micro-batch, so both train on the same number of trajectories per step. Steps/s come from
-the per-step ``seconds`` that rank 0 logs in metrics.jsonl (rollout to optimizer step, gradient
-all-reduce included; process start-up excluded), after ``--warmup`` steps.
+Each round trains the default Expr24 run (RapTB, SubM replay) once as a plain ``raptb train``,
+once under ``accelerate launch`` with 2 CPU processes (gloo), and twice with the FSDP config
+(configs/accelerate/fsdp_cpu_2proc.yaml: parameters freed after every forward, and kept gathered
+until the backward with ``--fsdp_reshard_after_forward false``), one thread per process, in
+rotating order, so all see the same machine load. ``batch_size`` is the global micro-batch, so
+all train on the same number of trajectories per step. Steps/s come from the per-step
+``seconds`` that rank 0 logs in metrics.jsonl (rollout to optimizer step, collectives included;
+process start-up excluded), after ``--warmup`` steps.
+
+``--memory`` adds the bytes of model state per rank after one optimizer step (parameters,
+gradients and optimizer states as stored on that rank: whole under data parallelism, the
+rank's shards under FSDP), counted from the tensors themselves in 2 spawned ranks.
 """
 
 from __future__ import annotations
@@ -17,33 +25,94 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1"]
-LAUNCH += ["--mixed_precision", "no", "--dynamo_backend", "no", "--num_processes"]
+ROOT = Path(__file__).resolve().parents[1]
+ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
+FSDP = [*ACCELERATE, "--config_file", str(ROOT / "configs" / "accelerate" / "fsdp_cpu_2proc.yaml")]
+LAUNCH: dict[str, list[str] | None] = {
+    "1 process": None,
+    "2 processes, data-parallel": [
+        *ACCELERATE,
+        *("--multi_gpu", "--num_machines", "1", "--mixed_precision", "no"),
+        *("--dynamo_backend", "no", "--num_processes", "2"),
+    ],
+    "2 processes, FSDP": FSDP,
+    "2 processes, FSDP, no reshard after forward": [*FSDP, "--fsdp_reshard_after_forward", "false"],
+}
 
 
-def step_seconds(processes: int, run: Path, args: argparse.Namespace) -> list[float]:
-    """Seconds of each step after the warm-up, of one training run on ``processes`` processes."""
-    train = [
-        "-m",
-        "raptb",
-        "train",
-        "--steps",
-        str(args.steps),
-        "--batch-size",
-        str(args.batch_size),
-    ]
-    train += ["--grad-accum", "1", "--threads", "1", "--no-progress", "--out", str(run)]
-    command = [*LAUNCH, str(processes), *train] if processes > 1 else [sys.executable, *train]
+def step_seconds(setting: str, run: Path, args: argparse.Namespace) -> list[float]:
+    """Seconds of each step after the warm-up, of one training run in ``setting``."""
+    train = ["-m", "raptb", "train", "--steps", str(args.steps)]
+    train += ["--batch-size", str(args.batch_size), "--model", args.model]
+    train += ["--lora-rank", str(args.lora_rank), "--grad-accum", "1"]
+    train += ["--threads", "1", "--no-progress", "--out", str(run)]
+    launch = LAUNCH[setting]
+    command = [sys.executable, *train] if launch is None else [*launch, *train]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     subprocess.run(command, env=env, check=True, capture_output=True)
     records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
     return [r["seconds"] for r in records[args.warmup :]]
+
+
+def _local_bytes(tensor: Any) -> int:
+    """Bytes this rank stores of ``tensor`` (its shard, when sharded)."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() * local.element_size()
+
+
+def _state_bytes(out: Path, model: str, lora_rank: int) -> None:
+    """One optimizer step of a 2-rank run (sharded or not, from the environment); writes this
+    rank's bytes of parameters, gradients and optimizer states."""
+    import torch
+
+    from raptb.app.config import build_config
+    from raptb.app.train import Trainer
+
+    overrides = {"model": model, "lora.rank": lora_rank, "steps": 1, "threads": 1}
+    overrides |= {"optim.batch_size": 4, "replay.kind": "none", "checkpoint_every": 10}
+    trainer = Trainer(build_config(overrides=overrides), out / "run", progress=False)
+    trainer._optimizer_step()
+    params = list(trainer.policy.model.parameters())
+    found = {
+        "params": sum(_local_bytes(p) for p in params),
+        "grads": sum(_local_bytes(p.grad) for p in params if p.grad is not None),
+        "optimizer": sum(
+            _local_bytes(v)
+            for state in trainer.optimizer.state.values()
+            for v in state.values()
+            if torch.is_tensor(v) and v.ndim
+        ),
+    }
+    (out / f"rank{trainer.dist.rank}.json").write_text(json.dumps(found))
+
+
+def _rank_main(rank: int, port: int, env: dict[str, str], out: Path, model: str, lora: int) -> None:
+    os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
+    os.environ.update(LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    _state_bytes(out, model, lora)
+
+
+def state_bytes(fsdp: bool, out: Path, args: argparse.Namespace) -> dict[str, int]:
+    """Rank 0's bytes of model state after one step on 2 ranks, sharded or not."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"} if fsdp else {}
+    out.mkdir(parents=True)
+    work = (port, env, out, args.model, args.lora_rank)
+    mp.start_processes(_rank_main, args=work, nprocs=2, start_method="spawn")
+    return json.loads((out / "rank0.json").read_text())
 
 
 def main() -> None:
@@ -52,22 +121,46 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--lora-rank", type=int, default=0)
+    parser.add_argument("--memory", action="store_true")
     args = parser.parse_args()
-    seconds: dict[int, list[float]] = {1: [], 2: []}
+    settings = list(LAUNCH)
+    seconds: dict[str, list[float]] = {setting: [] for setting in settings}
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
-            order = (1, 2) if round_ % 2 == 0 else (2, 1)
-            for processes in order:
-                run = Path(tmp) / f"r{round_}-p{processes}"
-                seconds[processes] += step_seconds(processes, run, args)
+            shift = round_ % len(settings)
+            for number, setting in enumerate(settings[shift:] + settings[:shift]):
+                run = Path(tmp) / f"r{round_}-{number}"
+                seconds[setting] += step_seconds(setting, run, args)
+        memory = (
+            {fsdp: state_bytes(fsdp, Path(tmp) / f"mem-{fsdp}", args) for fsdp in (False, True)}
+            if args.memory
+            else None
+        )
     rate = {p: 1.0 / statistics.median(s) for p, s in seconds.items()}
-    print(f"global batch {args.batch_size}, {len(seconds[1])} timed steps per setting")
-    print("| processes | median s/step | steps/s | trajectories/s |")
-    print("|---:|---:|---:|---:|")
-    for p in (1, 2):
+    base = settings[0]
+    print(f"model {args.model}, LoRA rank {args.lora_rank}, global batch {args.batch_size}, ")
+    print(f"{len(seconds[base])} timed steps per setting")
+    print("| setting | median s/step | steps/s | trajectories/s | throughput vs 1 process |")
+    print("|---|---:|---:|---:|---:|")
+    for p in settings:
         median = statistics.median(seconds[p])
-        print(f"| {p} | {median:.3f} | {rate[p]:.2f} | {rate[p] * args.batch_size:.1f} |")
-    print(f"2-process / 1-process throughput: {rate[2] / rate[1]:.2f}x")
+        print(
+            f"| {p} | {median:.3f} | {rate[p]:.2f} | {rate[p] * args.batch_size:.1f} "
+            f"| {rate[p] / rate[base]:.2f}x |"
+        )
+    if memory is not None:
+        print("\n| per rank (MiB) | parameters | gradients | optimizer states | total |")
+        print("|---|---:|---:|---:|---:|")
+        for fsdp, found in memory.items():
+            name = "2 processes, FSDP" if fsdp else "2 processes, data-parallel"
+            mib = {k: v / 2**20 for k, v in found.items()}
+            total = sum(mib.values())
+            print(
+                f"| {name} | {mib['params']:.1f} | {mib['grads']:.1f} | {mib['optimizer']:.1f} "
+                f"| {total:.1f} |"
+            )
 
 
 if __name__ == "__main__":
