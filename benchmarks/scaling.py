@@ -55,11 +55,22 @@ def step_seconds(setting: str, run: Path, args: argparse.Namespace) -> list[floa
     train += ["--lora-rank", str(args.lora_rank), "--grad-accum", "1"]
     train += ["--threads", "1", "--no-progress", "--out", str(run)]
     launch = LAUNCH[setting]
-    command = [sys.executable, *train] if launch is None else [*launch, *train]
+    # a port of our own: the default rendezvous port may be taken by another job on the machine
+    port = ["--main_process_port", str(free_port())]
+    command = [sys.executable, *train] if launch is None else [*launch, *port, *train]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    subprocess.run(command, env=env, check=True, capture_output=True)
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{setting} failed ({done.returncode}):\n{done.stderr[-4000:]}")
     records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
     return [r["seconds"] for r in records[args.warmup :]]
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _local_bytes(tensor: Any) -> int:
@@ -105,9 +116,7 @@ def state_bytes(fsdp: bool, out: Path, args: argparse.Namespace) -> dict[str, in
     """Rank 0's bytes of model state after one step on 2 ranks, sharded or not."""
     import torch.multiprocessing as mp
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"} if fsdp else {}
     out.mkdir(parents=True)
     work = (port, env, out, args.model, args.lora_rank)

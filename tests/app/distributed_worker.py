@@ -37,7 +37,8 @@ from raptb.app.train import Trainer
 from raptb.core.replay import ReplayItem, make_buffer
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port nobody listens on now (for a rendezvous; the machine may run other jobs)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
@@ -76,7 +77,7 @@ def run_ranks(
     variables plus ``env``; raises when one fails."""
     mp.start_processes(
         _rank_main,
-        args=(world, _free_port(), env or {}, body, args),
+        args=(world, free_port(), env or {}, body, args),
         nprocs=world,
         join=True,
         start_method="fork",

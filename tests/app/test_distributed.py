@@ -28,7 +28,7 @@ from raptb.app.distributed import (
     sampling_seed,
 )
 from raptb.core.replay import ReplayItem, make_buffer
-from tests.app.distributed_worker import buffers, cli, equivalence, run_ranks
+from tests.app.distributed_worker import buffers, cli, equivalence, free_port, run_ranks
 
 # accelerate launch on a machine without a visible GPU: --multi_gpu starts torchrun workers whose
 # PartialState(cpu=True) is MULTI_CPU over gloo (--cpu alone would start a single process)
@@ -227,7 +227,12 @@ def test_accelerate_launch_runs_raptb_as_a_module(tmp_path):
     args = ["-m", "raptb", "train", "--steps", "1", "--batch-size", "2", "--grad-accum", "1"]
     args += ["--replay", "none", "--threads", "1", "--no-progress", "--out", str(run)]
     done = subprocess.run(
-        [*LAUNCH, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        [*LAUNCH, "--main_process_port", str(free_port()), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stderr.count("done: 1/1 steps") == 1  # rank 0 reports

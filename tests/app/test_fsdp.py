@@ -27,6 +27,7 @@ from tests.app.distributed_worker import (
     cli,
     clipping,
     equivalence,
+    free_port,
     nonfinite_on_one_rank,
     run_ranks,
 )
@@ -190,7 +191,7 @@ def test_accelerate_launch_with_the_fsdp_config_trains_lora(tmp_path):
     run = tmp_path / "run"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
-    launch += [str(CONFIGS / "fsdp_cpu_2proc.yaml")]
+    launch += [str(CONFIGS / "fsdp_cpu_2proc.yaml"), "--main_process_port", str(free_port())]
     args = ["-m", "raptb", "train", "--steps", "2", "--batch-size", "4", "--lora-rank", "4"]
     args += ["--threads", "1", "--no-progress", "--out", str(run)]
     done = subprocess.run(
