@@ -92,9 +92,14 @@ def _no_split_modules(model: torch.nn.Module) -> tuple[str, ...]:
 def shard_model(model: torch.nn.Module, plan: ShardingPlan) -> int:
     """Shard ``model`` in place across the default process group: each block named by the plan
     is one FSDP unit, the root another. Returns the number of blocks; ValueError (one line) when
-    the model has none of the named classes."""
+    the model has none of the named classes, or for CPU offloading of a model on the CPU."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
+    if plan.offload and next(model.parameters()).device.type == "cpu":
+        raise ValueError(
+            "FSDP: fsdp_offload_params needs a GPU (on CPU the parameters already live in host "
+            "memory); set fsdp_offload_params: false"
+        )
     names = plan.wrap or _no_split_modules(model)
     blocks = [m for m in model.modules() if type(m).__name__ in names]
     if not blocks:

@@ -19,9 +19,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from raptb.adapters.models import build_char_tokenizer, build_tiny_model
 from raptb.app.config import build_config
 from raptb.app.distributed import DistContext
 from raptb.app.runtime import build_policy, build_task
+from raptb.app.sharding import ShardingPlan, shard_model
 from tests.app.distributed_worker import (
     FSDP_ENV,
     cli,
@@ -63,6 +65,15 @@ def test_unsupported_fsdp_settings_are_refused_in_one_line(
     cli("train", "--steps", "1", "--out", str(tmp_path / "run"), "--no-progress", expect=2)
     err = capsys.readouterr().err.strip()
     assert err.startswith(message) and "\n" not in err
+
+
+def test_sharding_refuses_cpu_offload_on_the_cpu_and_a_model_without_the_named_blocks():
+    model = build_tiny_model(build_char_tokenizer(), seed=0)
+    with pytest.raises(ValueError, match="fsdp_offload_params needs a GPU"):
+        shard_model(model, ShardingPlan(wrap=None, reshard_after_forward=True, offload=True))
+    with pytest.raises(ValueError, match="no module of class LlamaDecoderLayer"):
+        plan = ShardingPlan(wrap=("LlamaDecoderLayer",), reshard_after_forward=True, offload=False)
+        shard_model(model, plan)
 
 
 def test_rollout_stepping_on_for_other_ranks_changes_nothing():
