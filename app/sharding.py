@@ -121,14 +121,16 @@ def shard_model(model: torch.nn.Module, plan: ShardingPlan) -> int:
 
 def shard_policy(
     policy: HFPolicy, plan: ShardingPlan, step_together: Callable[[bool], bool]
-) -> None:
+) -> int:
     """Shard the policy's model (and its frozen reference copy, if one was taken) and make its
     rollouts step in lock with the other ranks through ``step_together`` (``DistContext.all_true``).
-    Call it after the weights are loaded and before the optimizer is built."""
-    shard_model(policy.model, plan)
+    Call it after the weights are loaded and before the optimizer is built. Returns the number of
+    blocks sharded as units (besides the root)."""
+    blocks = shard_model(policy.model, plan)
     if policy.reference_copy is not None:
         shard_model(policy.reference_copy, plan)
     policy.step_together = step_together
+    return blocks
 
 
 def is_sharded(tensor: torch.Tensor) -> bool:

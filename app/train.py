@@ -149,7 +149,14 @@ class Trainer:
         if checkpoint is not None:
             load_model_weights(self.policy.model, checkpoint)  # before sharding, if any
         if self.dist.sharding is not None:
-            shard_policy(self.policy, self.dist.sharding, self.dist.all_true)
+            blocks = shard_policy(self.policy, self.dist.sharding, self.dist.all_true)
+            if self.dist.is_main:
+                self.console.print(
+                    f"FSDP: the policy is sharded over {self.dist.world_size} processes "
+                    f"({blocks} blocks and the root as units)",
+                    markup=False,
+                    highlight=False,
+                )
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             [

@@ -210,6 +210,7 @@ def test_accelerate_launch_with_the_fsdp_config_trains_lora(tmp_path):
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stderr.count("done: 2/2 steps") == 1
+    assert done.stderr.count("FSDP: the policy is sharded over 2 processes (2 blocks") == 1
     adapter = load_file(run / "checkpoints" / "step-000002" / "model" / "adapter_model.safetensors")
     assert adapter and all("lora_" in name for name in adapter)
     state = torch.load(run / "checkpoints" / "step-000002" / "trainer.pt")
