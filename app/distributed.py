@@ -200,6 +200,15 @@ class DistContext:
                 offset += g.numel()
 
 
+def leave_process_group() -> None:
+    """After a command's last collective: wait for every rank, then destroy the process group.
+    Left to the interpreter's exit, gloo's threads can abort a process ("terminate called without
+    an active exception") after its work is done, failing the launch. No-op in one process."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def dist_rank() -> int:
     """This process's rank as the launcher set it (0 when not launched)."""
     return int(os.environ.get("RANK", "0"))

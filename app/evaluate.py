@@ -44,7 +44,7 @@ from rich.table import Table
 from raptb.adapters.registry import TaskSpec, task_names, task_spec
 from raptb.app.checkpoint import PREFIX
 from raptb.app.config import ConfigError, TrainConfig, load_config
-from raptb.app.distributed import DistContext, dist_rank
+from raptb.app.distributed import DistContext, dist_rank, leave_process_group
 from raptb.app.durable import write_atomically
 from raptb.app.eval_run import EvalError, checkpoint_policy, load_run
 from raptb.app.eval_sampling import add_reference_pterm, sample_rows
@@ -254,6 +254,7 @@ def eval_command(
         return exact_command(run_dir, json_output=json_output)
     try:
         metrics = evaluate(run_dir, samples=samples, seed=seed, batch_size=batch_size)
+        leave_process_group()
     except (EvalError, ConfigError) as exc:
         if dist_rank() == 0:
             typer.echo(f"error: {exc}", err=True)

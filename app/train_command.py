@@ -22,7 +22,7 @@ from raptb.adapters.registry import task_names, task_spec
 from raptb.app.checkpoint import list_checkpoints, remove_stale_temporaries
 from raptb.app.config import ConfigError, TrainConfig, build_config
 from raptb.app.config_reference import default_text, field_at
-from raptb.app.distributed import DistContext, dist_rank
+from raptb.app.distributed import DistContext, dist_rank, leave_process_group
 from raptb.app.resume import CONFIG_FILE, claim_new_run, resumed_config
 from raptb.app.rl_train import make_trainer
 from raptb.app.run_lock import RunLocked, run_lock
@@ -190,6 +190,7 @@ def train_command(
                 typer.echo(kappa_line(cfg))  # stdout: stderr carries warnings and one-line errors
             trainer = make_trainer(cfg, run_dir, resume=resume, progress=progress, dist=dist)
             result = trainer.train()
+            leave_process_group()
     except (TrainingError, ValueError, RunLocked) as exc:
         raise _fail(str(exc), dist_rank()) from None
     if not dist.is_main:
