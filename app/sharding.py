@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from raptb.adapters.policy import HFPolicy
@@ -73,13 +74,14 @@ def plan_from_accelerate() -> ShardingPlan:
             "FSDP activation checkpointing is not supported: set fsdp_activation_checkpointing: "
             "false in the accelerate config"
         )
-    names = plugin.transformer_cls_names_to_wrap
-    if isinstance(names, str):
-        names = [name.strip() for name in names.split(",") if name.strip()]
+    given = plugin.transformer_cls_names_to_wrap or []
+    # "A, B" in the config reaches us as "A, B" or as ["A", " B"]
+    parts = given.split(",") if isinstance(given, str) else given
+    names = tuple(name.strip() for name in parts if name.strip())
     return ShardingPlan(
-        wrap=tuple(names) if names else None,
+        wrap=names or None,
         reshard_after_forward=bool(plugin.reshard_after_forward),
-        offload=type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy",
+        offload=isinstance(plugin.cpu_offload, CPUOffloadPolicy),
     )
 
 
@@ -93,8 +95,6 @@ def shard_model(model: torch.nn.Module, plan: ShardingPlan) -> int:
     """Shard ``model`` in place across the default process group: each block named by the plan
     is one FSDP unit, the root another. Returns the number of blocks; ValueError (one line) when
     the model has none of the named classes, or for CPU offloading of a model on the CPU."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-
     if plan.offload and next(model.parameters()).device.type == "cpu":
         raise ValueError(
             "FSDP: fsdp_offload_params needs a GPU (on CPU the parameters already live in host "

@@ -23,7 +23,7 @@ from raptb.adapters.models import build_char_tokenizer, build_tiny_model
 from raptb.app.config import build_config
 from raptb.app.distributed import DistContext
 from raptb.app.runtime import build_policy, build_task
-from raptb.app.sharding import ShardingPlan, shard_model
+from raptb.app.sharding import ShardingPlan, plan_from_accelerate, shard_model
 from tests.app.distributed_worker import (
     FSDP_ENV,
     cli,
@@ -65,6 +65,21 @@ def test_unsupported_fsdp_settings_are_refused_in_one_line(
     cli("train", "--steps", "1", "--out", str(tmp_path / "run"), "--no-progress", expect=2)
     err = capsys.readouterr().err.strip()
     assert err.startswith(message) and "\n" not in err
+
+
+def test_the_plan_is_read_from_the_accelerate_fsdp_settings(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    assert plan_from_accelerate() == ShardingPlan(
+        wrap=None, reshard_after_forward=True, offload=False
+    )
+    monkeypatch.setenv("FSDP_AUTO_WRAP_POLICY", "TRANSFORMER_BASED_WRAP")  # as the configs set
+    monkeypatch.setenv("FSDP_TRANSFORMER_CLS_TO_WRAP", "GPT2Block, LlamaDecoderLayer")
+    monkeypatch.setenv("FSDP_RESHARD_AFTER_FORWARD", "false")
+    monkeypatch.setenv("FSDP_OFFLOAD_PARAMS", "true")
+    assert plan_from_accelerate() == ShardingPlan(
+        wrap=("GPT2Block", "LlamaDecoderLayer"), reshard_after_forward=False, offload=True
+    )
 
 
 def test_sharding_refuses_cpu_offload_on_the_cpu_and_a_model_without_the_named_blocks():
