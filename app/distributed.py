@@ -105,8 +105,8 @@ class DistContext:
         kind = state.distributed_type.name
         if kind not in _DATA_PARALLEL:
             raise ValueError(
-                f"distributed type {kind} is not supported: raptb trains data-parallel only "
-                "(accelerate launch --multi_gpu, or a config with distributed_type MULTI_GPU)"
+                f"distributed type {kind} is not supported: raptb trains data-parallel or fully "
+                "sharded (accelerate configs with distributed_type MULTI_GPU / MULTI_CPU, or FSDP)"
             )
         return cls(
             rank=state.process_index,

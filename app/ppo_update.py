@@ -33,7 +33,7 @@ from torch.nn import functional
 from raptb.adapters.policy import HFPolicy
 from raptb.adapters.value_head import ValueHead
 from raptb.app.rl_step import all_finite, reference_log_probs, score_actions
-from raptb.app.step import LossResult, Trajectories
+from raptb.app.step import LossResult, Trajectories, agreed_finite
 from raptb.core.ppo import PPO, Targets
 from raptb.core.rl_batch import RLBatch
 
@@ -153,10 +153,7 @@ def mini_batch_loss(
             value: torch.Tensor | None = None
             if part is not None:
                 value, part_diagnostics = objective(part, part_targets)
-            finite = value is not None and bool(torch.isfinite(value))
-            if agree is not None:
-                finite = agree(finite)
-            if not finite or value is None:
+            if not agreed_finite(value, agree) or value is None:
                 return None
             (value * share).backward()
             loss += share * float(value.detach())

@@ -22,7 +22,7 @@ import torch
 
 from raptb.adapters.policy import HFPolicy
 from raptb.adapters.value_head import ValueHead, prefix_values
-from raptb.app.step import LossResult, Rewards, Trajectories
+from raptb.app.step import LossResult, Rewards, Trajectories, agreed_finite
 from raptb.core.grpo import GRPO
 from raptb.core.ppo import PPO
 from raptb.core.rl_batch import RLBatch, action_log_probs
@@ -119,10 +119,7 @@ def rl_loss_step(
     loss: torch.Tensor | None = None
     if rl is not None:
         loss, diagnostics = objective(rl)
-    finite = loss is not None and bool(torch.isfinite(loss))
-    if agree is not None:
-        finite = agree(finite)
-    if not finite or loss is None:
+    if not agreed_finite(loss, agree) or loss is None:
         return None
     (loss / grad_accum).backward()
     return LossResult(float(loss.detach()), diagnostics)

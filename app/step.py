@@ -296,13 +296,18 @@ def loss_step(
     if torch.isfinite(log_pf).all() and torch.isfinite(log_pterm).all():
         prefixes = to_prefix_batch(log_pf, log_pterm, rewards.log_r, rewards.u, batch.length)
         loss, diagnostics = objective(prefixes, log_z, step)
-    finite = loss is not None and bool(torch.isfinite(loss))
-    if agree is not None:
-        finite = agree(finite)
-    if not finite or loss is None:
+    if not agreed_finite(loss, agree) or loss is None:
         return None
     (loss / grad_accum).backward()
     return LossResult(float(loss.detach()), diagnostics)
+
+
+def agreed_finite(loss: torch.Tensor | None, agree: Callable[[bool], bool] | None) -> bool:
+    """Whether ``loss`` exists and is finite, on every process when ``agree`` (called exactly
+    once, e.g. ``DistContext.all_true``) is given: asked before a backward that is a collective,
+    so that every process skips it or none does."""
+    finite = loss is not None and bool(torch.isfinite(loss))
+    return finite if agree is None else agree(finite)
 
 
 # --- buffer update -----------------------------------------------------------------------------
