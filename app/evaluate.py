@@ -42,7 +42,7 @@ from rich.console import Console
 from rich.table import Table
 
 from raptb.adapters.registry import TaskSpec, task_names, task_spec
-from raptb.app.checkpoint import PREFIX
+from raptb.app.checkpoint import checkpoint_step
 from raptb.app.config import ConfigError, TrainConfig, load_config
 from raptb.app.distributed import DistContext, dist_rank, leave_process_group
 from raptb.app.durable import write_atomically
@@ -172,7 +172,7 @@ def _write_eval(
     metrics = spec.metrics(task, rows)
     metrics["eval"] = {
         "checkpoint": checkpoint.name,
-        "step": int(checkpoint.name[len(PREFIX) :]),
+        "step": checkpoint_step(checkpoint),
         "model": config.model,
         "seed": seed,
         "batch_size": batch_size,

@@ -28,7 +28,7 @@ from rich.table import Table
 from raptb.adapters.exact import exact_log_probs
 from raptb.adapters.policy import HFPolicy
 from raptb.adapters.registry import TaskSpec, task_spec
-from raptb.app.checkpoint import PREFIX
+from raptb.app.checkpoint import checkpoint_step
 from raptb.app.config import ConfigError
 from raptb.app.durable import write_atomically
 from raptb.app.eval_run import EvalError, checkpoint_policy, load_run
@@ -123,7 +123,7 @@ def exact_evaluate(run_dir: Path, *, draws: Sequence[int] | None = None) -> dict
     )
     metrics["eval"] = {
         "checkpoint": checkpoint.name,
-        "step": int(checkpoint.name[len(PREFIX) :]),
+        "step": checkpoint_step(checkpoint),
         "model": config.model,
         "temperature": 1.0,
     }

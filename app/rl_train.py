@@ -27,7 +27,6 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from raptb.adapters.lora import is_peft_model
 from raptb.adapters.value_head import ValueHead
 from raptb.app.config import RL_LOSSES, TrainConfig
 from raptb.app.distributed import DistContext
@@ -92,15 +91,18 @@ class RLTrainer(Trainer):
                 "optim.batch_size, optim.grad_accum or the number of processes"
             )
         objective = rl_objective_by_name(cfg.loss, **cfg.rl_objective_kwargs())
-        uses_prior = cfg.rl.reward == "log_r" and cfg.reward.kappa > 0
-        if (needs_reference(objective) or uses_prior) and not is_peft_model(self.policy.model):
-            self.policy.freeze_reference()  # the base weights, before any update or resume
         self.value_head = None
         if isinstance(objective, PPO):
             disable_dropout(self.policy.model)
             hidden_size = int(self.policy.model.config.hidden_size)
             self.value_head = ValueHead(hidden_size, dropout=0.0).to(self.policy.device)
         return objective
+
+    def _uses_reference(self) -> bool:
+        """The reference is read by the KL penalty (GRPO beta, PPO kl_coef) and by a log R
+        reward with kappa > 0, not by the default task reward without KL."""
+        uses_prior = self.cfg.rl.reward == "log_r" and self.cfg.reward.kappa > 0
+        return needs_reference(self.objective) or uses_prior
 
     @property
     def _agree(self) -> Callable[[bool], bool] | None:
@@ -199,8 +201,7 @@ class RLTrainer(Trainer):
                 result = mini_batch_loss(
                     self.policy, objective, value_head, kept, targets, mini_batch, self._agree
                 )
-                failed = self.dist.any_true(result is None)
-                if failed or result is None:
+                if result is None:  # on every process alike: mini_batch_loss agreed on it
                     self.optimizer.zero_grad(set_to_none=True)
                     return None
                 self._apply_gradients()

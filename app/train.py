@@ -133,9 +133,6 @@ class Trainer:
         self.policy = build_policy(
             config.model, self.task, config.seed, lora=config.lora, device=self.dist.device
         )
-        # with LoRA the reference is the same weights with the adapter disabled: no copy
-        if config.reward.kappa > 0 and not is_peft_model(self.policy.model):
-            self.policy.freeze_reference()  # the base weights, before any update or resume
         self.rewards = RewardCaller(
             self.task,
             workers=config.reward.workers,
@@ -146,6 +143,9 @@ class Trainer:
         self.scorer = PrefixScorer(self.task, self.policy, config.reward.reward_scale, self.rewards)
         self.log_z = torch.nn.Parameter(torch.tensor(config.optim.log_z_init, dtype=torch.float32))
         self.objective = self._build_objective()
+        # with LoRA the reference is the same weights with the adapter disabled: no copy
+        if self._uses_reference() and not is_peft_model(self.policy.model):
+            self.policy.freeze_reference()  # the base weights, before any update or resume
         if checkpoint is not None:
             load_model_weights(self.policy.model, checkpoint)  # before sharding, if any
         if self.dist.sharding is not None:
@@ -192,11 +192,16 @@ class Trainer:
             load_trainer_state(self, checkpoint)
 
     # --- construction --------------------------------------------------------------------------
-    # _build_objective, _extra_param_groups, _extra_state, _load_extra_state: what a trainer of
+    # _build_objective, _uses_reference, _extra_param_groups, _extra_state, _load_extra_state: what
+    # a trainer of
     # another objective family (app.rl_train) replaces
 
     def _build_objective(self) -> Any:
         return objective_by_name(self.cfg.loss, **self.cfg.objective_kwargs())
+
+    def _uses_reference(self) -> bool:
+        """Whether training reads the frozen reference model (here: the kappa log P_ref prior)."""
+        return self.cfg.reward.kappa > 0
 
     def _extra_param_groups(self) -> list[dict[str, Any]]:
         return []

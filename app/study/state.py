@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raptb.app.checkpoint import PREFIX, latest_checkpoint
+from raptb.app.checkpoint import checkpoint_step, latest_checkpoint
 from raptb.app.config import ConfigError, TrainConfig, build_config
 
 METRICS = Path("eval") / "metrics.json"
@@ -42,7 +42,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 def latest_step(run_dir: Path) -> int | None:
     checkpoint = latest_checkpoint(run_dir)
-    return None if checkpoint is None else int(checkpoint.name[len(PREFIX) :])
+    return None if checkpoint is None else checkpoint_step(checkpoint)
 
 
 def _comparable(config: TrainConfig) -> dict[str, Any]:

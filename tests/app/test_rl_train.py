@@ -230,3 +230,21 @@ def test_rl_rewards_follow_the_reward_schedules(tmp_path, monkeypatch):
     )  # value at step t: start + (end - start) t / 3
     want = [lam[t] / temp[t] for t in range(3) for _ in range(per_step)]
     assert seen == pytest.approx(want)
+
+
+@pytest.mark.parametrize(
+    ("loss", "over", "copied"),
+    [
+        ("grpo", {}, False),  # task reward, beta 0: nothing reads the reference
+        ("grpo", {"rl.beta": 0.04}, True),  # the KL penalty does
+        ("grpo", {"rl.reward": "log_r"}, True),  # so does kappa log P_ref in log R
+        ("ppo", {}, True),  # kl_coef 0.05 by default
+        ("raptb", {}, True),  # the GFlowNet reward's prior
+    ],
+)
+def test_a_frozen_reference_copy_is_taken_only_when_read(tmp_path, loss, over, copied):
+    """Full fine-tuning with kappa 1: the trainer copies the model as its reference only when
+    the loss or the reward reads it (a whole second model otherwise wasted)."""
+    config = small_config(loss=loss, **{"reward.kappa": 1.0, **over})
+    trainer = make_trainer(config, tmp_path, progress=False)
+    assert (trainer.policy.reference_copy is not None) == copied
