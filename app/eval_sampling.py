@@ -72,7 +72,11 @@ def sample_rows(
                 temperature=1.0,
                 generator=generator,
             )
+            # every prefix of the chunk scored at once (batched rewards, one cache pass)
+            scored = scorer.score_rows(prompt, rollout.rows, task.max_length, rollout.texts)
             columns = zip(
+                scored.scores,
+                scored.u.tolist(),
                 rollout.tokens.tolist(),
                 rollout.length.tolist(),
                 rollout.log_pf.tolist(),
@@ -80,9 +84,7 @@ def sample_rows(
                 rollout.texts,
                 strict=True,
             )
-            for tokens, tau, log_pf, log_pterm, text in columns:
-                prefix_scores = scorer.prefix_scores(prompt, scorer.texts(tokens[:tau]))
-                score = prefix_scores[-1]  # the full prefix is the sample's text
+            for score, u, tokens, tau, log_pf, log_pterm, text in columns:
                 correct = spec.is_correct(score)
                 hits += correct
                 row = {
@@ -96,7 +98,7 @@ def sample_rows(
                     "log_pterm_stop": log_pterm[tau],
                     "log_pf": log_pf[:tau],
                     "log_pterm": log_pterm[: tau + 1],
-                    "u": [scorer.reward_scale * s.value for s in prefix_scores],
+                    "u": u[: tau + 1],
                 }
                 if dist.world_size > 1:
                     row["rank"] = dist.rank
