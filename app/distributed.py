@@ -250,6 +250,8 @@ class MicroBatchTotals:
     finite: whether the loss was finite on every rank (else every rank skips the step).
     loss, diagnostics: means over ranks (the ranks' shares are equal, so this is the global mean).
     on_policy: on-policy rows summed over ranks; correct: their successful texts, rank order.
+    items: the new replay items of every rank, rank order (the one list each rank adds to its
+    buffer); rewards: every rank's per-row rewards, rank order.
     """
 
     finite: bool
@@ -257,31 +259,35 @@ class MicroBatchTotals:
     diagnostics: dict[str, float]
     on_policy: int
     correct: list[str]
+    items: list[ReplayItem]
+    rewards: list[float]
 
 
 def combine_micro_batch(
-    ctx: DistContext, result: LossResult | None, correct: list[str], on_policy: int
+    ctx: DistContext,
+    result: LossResult | None,
+    correct: Sequence[str],
+    on_policy: int,
+    items: Sequence[ReplayItem] = (),
+    rewards: Sequence[float] = (),
 ) -> MicroBatchTotals:
     """Every rank's micro-batch outcome, combined identically on all ranks (one gather)."""
-    ranks = ctx.all_gather_object((result, correct, on_policy))
-    results = [r for r, _, _ in ranks if r is not None]
+    ranks = ctx.all_gather_object((result, list(correct), on_policy, list(items), list(rewards)))
+    results = [rank[0] for rank in ranks if rank[0] is not None]
     finite = len(results) == len(ranks)
     keys = results[0].diagnostics if finite else {}
     return MicroBatchTotals(
         finite=finite,
         loss=float(np.mean([r.loss for r in results])) if finite else float("nan"),
         diagnostics={k: float(np.mean([r.diagnostics[k] for r in results])) for k in keys},
-        on_policy=sum(n for _, _, n in ranks),
-        correct=[text for _, texts, _ in ranks for text in texts],
+        on_policy=sum(rank[2] for rank in ranks),
+        correct=[text for rank in ranks for text in rank[1]],
+        items=[item for rank in ranks for item in rank[3]],
+        rewards=[value for rank in ranks for value in rank[4]],
     )
 
 
 # --- replay ------------------------------------------------------------------------------------
-
-
-def gather_items(ctx: DistContext, items: Sequence[ReplayItem]) -> list[ReplayItem]:
-    """Every rank's new replay items, in rank order: the one list each rank adds to its buffer."""
-    return [item for rank_items in ctx.all_gather_object(list(items)) for item in rank_items]
 
 
 class RankSlice:

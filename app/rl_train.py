@@ -18,7 +18,7 @@ kl_coef) or the reward is log R with kappa > 0.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from rich.console import Console
 
 from raptb.adapters.value_head import ValueHead
 from raptb.app.config import RL_LOSSES, TrainConfig
-from raptb.app.distributed import DistContext
+from raptb.app.distributed import DistContext, combine_micro_batch
 from raptb.app.ppo_update import (
     PPORollout,
     disable_dropout,
@@ -57,7 +57,7 @@ class _Rollout:
 
     batch: Trajectories
     terminal: torch.Tensor
-    hits: int
+    correct: list[str]
 
     @property
     def on_policy(self) -> int:
@@ -104,12 +104,6 @@ class RLTrainer(Trainer):
         uses_prior = self.cfg.rl.reward == "log_r" and self.cfg.reward.kappa > 0
         return needs_reference(self.objective) or uses_prior
 
-    @property
-    def _agree(self) -> Callable[[bool], bool] | None:
-        """With several processes: whether a loss is finite on every one, asked before each
-        backward so that all skip together (no process waits in a collective for another)."""
-        return self.dist.all_true if self.dist.world_size > 1 else None
-
     def _extra_param_groups(self) -> list[dict[str, Any]]:
         if self.value_head is None:
             return []
@@ -135,9 +129,8 @@ class RLTrainer(Trainer):
         kappa = weights.kappa if cfg.rl.reward == "log_r" else 0.0
         rewards = reward(self.scorer, self.policy, batch, kappa, weights.scale)
         correct = correct_texts(self.task, batch, rewards)
-        self.correct_seen.update(correct)
         terminal = sequence_rewards(rewards, batch.length, cfg.rl.reward)
-        return _Rollout(batch, terminal, len(correct))
+        return _Rollout(batch, terminal, correct)
 
     def _micro_batch(self, prompt: str) -> _RLStats | None:
         """Roll out, score and backpropagate one micro-batch in a single pass (GRPO's step; for
@@ -150,18 +143,24 @@ class RLTrainer(Trainer):
             rollout.terminal,
             self.cfg.optim.grad_accum,
             value_head=self.value_head,
-            agree=self._agree,
+            agree=self.dist.all_true if self.dist.sharding else None,
         )
-        if result is None:
+        # over all processes, as for the GFlowNet objectives: the record and unique_correct
+        # count every rank's rows, and a non-finite loss anywhere skips the step everywhere
+        totals = combine_micro_batch(
+            self.dist, result, rollout.correct, rollout.on_policy, rewards=rollout.rewards
+        )
+        self.correct_seen.update(totals.correct)
+        if not totals.finite:
             return None
         return _RLStats(
-            loss=result.loss,
-            diagnostics=result.diagnostics,
-            on_policy=rollout.on_policy,
-            hits=rollout.hits,
+            loss=totals.loss,
+            diagnostics=totals.diagnostics,
+            on_policy=totals.on_policy,
+            hits=len(totals.correct),
             replayed=False,
             temperature=rollout.batch.temperature,
-            rewards=rollout.rewards,
+            rewards=totals.rewards,
         )
 
     def _optimizer_step(self) -> dict[str, Any] | None:
@@ -184,6 +183,15 @@ class RLTrainer(Trainer):
             self._roll_out(prompts[(first + micro) % len(prompts)])
             for micro in range(cfg.optim.grad_accum)
         ]
+        # the step's rollouts over all processes: what the record and unique_correct count
+        seen = combine_micro_batch(
+            self.dist,
+            LossResult(0.0, {}),
+            [text for r in rollouts for text in r.correct],
+            sum(r.on_policy for r in rollouts),
+            rewards=[value for r in rollouts for value in r.rewards],
+        )
+        self.correct_seen.update(seen.correct)
         reference = needs_reference(objective)
         fixed = [
             fixed_rollout(self.policy, value_head, r.batch, r.terminal, reference=reference)
@@ -198,15 +206,31 @@ class RLTrainer(Trainer):
         for _ in range(cfg.rl.num_ppo_epochs):
             for mini_batch in mini_batches(self.rng, rows, cfg.rl.num_mini_batches):
                 self.optimizer.zero_grad(set_to_none=True)
+                # optimizer steps follow inside the update: agree before each backward
+                agree = self.dist.all_true if self.dist.world_size > 1 else None
                 result = mini_batch_loss(
-                    self.policy, objective, value_head, kept, targets, mini_batch, self._agree
+                    self.policy, objective, value_head, kept, targets, mini_batch, agree
                 )
                 if result is None:  # on every process alike: mini_batch_loss agreed on it
                     self.optimizer.zero_grad(set_to_none=True)
                     return None
                 self._apply_gradients()
                 passes.append(result)
-        record = self._record(rollouts, passes, time.perf_counter() - start)
+        mean = LossResult(
+            float(np.mean([p.loss for p in passes])),
+            {k: float(np.mean([p.diagnostics[k] for p in passes])) for k in passes[0].diagnostics},
+        )
+        losses = combine_micro_batch(self.dist, mean, [], 0)  # averaged over processes
+        stats = _RLStats(
+            loss=losses.loss,
+            diagnostics=losses.diagnostics,
+            on_policy=seen.on_policy,
+            hits=len(seen.correct),
+            replayed=False,
+            temperature=1.0,
+            rewards=seen.rewards,
+        )
+        record = self._record([stats], [stats], time.perf_counter() - start)
         record["ppo_updates"] = len(passes)
         return record
 

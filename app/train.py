@@ -48,7 +48,6 @@ from raptb.app.distributed import (
     DistContext,
     RankSlice,
     combine_micro_batch,
-    gather_items,
     per_rank_batch,
     sampling_seed,
 )
@@ -244,14 +243,14 @@ class Trainer:
             cfg.optim.grad_accum,
             agree=self.dist.all_true if self.dist.sharding else None,
         )
-        totals = combine_micro_batch(self.dist, result, correct, len(batch.on_policy))
+        replays = self.buffer is not None and self.oracle is None
+        items = new_items(self.task, batch, rewards) if replays else []
+        totals = combine_micro_batch(self.dist, result, correct, len(batch.on_policy), items)
         self.correct_seen.update(totals.correct)
         if not totals.finite:
             return None  # every rank skips the step together
-        if self.buffer is not None and self.oracle is None:
-            items = gather_items(self.dist, new_items(self.task, batch, rewards))
-            if items:
-                self.buffer.add(items)
+        if self.buffer is not None and totals.items:
+            self.buffer.add(totals.items)
         return _MicroStats(
             loss=totals.loss,
             diagnostics=totals.diagnostics,

@@ -30,9 +30,9 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from raptb.adapters.registry import task_spec
 from raptb.app.config import build_config
-from raptb.app.distributed import DistContext, RankSlice, gather_items
+from raptb.app.distributed import DistContext, RankSlice, combine_micro_batch
 from raptb.app.rl_train import make_trainer
-from raptb.app.step import Trajectories, roll_out
+from raptb.app.step import LossResult, Trajectories, roll_out
 from raptb.app.train import Trainer
 from raptb.core.replay import ReplayItem, make_buffer
 
@@ -194,7 +194,9 @@ def buffers(out: Path) -> None:
         buffer = make_buffer(kind, capacity=12, **options)
         own = np.random.default_rng([ctx.rank, len(kind)])  # differs by rank
         for _ in range(5):
-            buffer.add(gather_items(ctx, _items(own, 6)))
+            # the trainer's path: new items travel with the micro-batch's outcome
+            outcome = combine_micro_batch(ctx, LossResult(0.0, {}), [], 0, _items(own, 6))
+            buffer.add(outcome.items)
         shared = np.random.default_rng(7)  # seeded equally on every rank, like Trainer.rng
         drawn = RankSlice(buffer, ctx).sample(5, shared, "p")
         found[kind] = {
@@ -254,3 +256,25 @@ def nonfinite_on_one_rank(out: Path, loss: str) -> None:
     values = {f.name: getattr(trainer.objective, f.name) for f in fields(trainer.objective)}
     trainer.objective = type("Poisoned", (base,), {"__call__": poisoned})(**values)
     trainer.train()
+
+
+def rl_logging(out: Path, loss: str) -> None:
+    """Two steps of ``loss`` on this rank, recording each rank's own rollouts (correct texts and
+    terminal rewards per step); saves them with the correct texts this rank has seen."""
+    ctx = DistContext.from_accelerate()
+    overrides = {"loss": loss, "steps": 2, "threads": 1, "optim.batch_size": 8}
+    overrides |= {"optim.grad_accum": 2, "checkpoint_every": 10, "replay.kind": "none"}
+    overrides |= {"rl.num_generations": 2}
+    trainer = make_trainer(build_config(overrides=overrides), out / "run", progress=False, dist=ctx)
+    own: list[dict[str, Any]] = []
+    roll_out_alone = trainer._roll_out
+
+    def recording(prompt: str) -> Any:
+        rollout = roll_out_alone(prompt)
+        own.append({"step": trainer.step, "correct": rollout.correct, "rewards": rollout.rewards})
+        return rollout
+
+    trainer._roll_out = recording
+    trainer.train()
+    found = {"own": own, "seen": sorted(trainer.correct_seen)}
+    (out / f"rank{ctx.rank}.json").write_text(json.dumps(found))

@@ -28,7 +28,14 @@ from raptb.app.distributed import (
     sampling_seed,
 )
 from raptb.core.replay import ReplayItem, make_buffer
-from tests.app.distributed_worker import buffers, cli, equivalence, free_port, run_ranks
+from tests.app.distributed_worker import (
+    buffers,
+    cli,
+    equivalence,
+    free_port,
+    rl_logging,
+    run_ranks,
+)
 
 # accelerate launch on a machine without a visible GPU: --multi_gpu starts torchrun workers whose
 # PartialState(cpu=True) is MULTI_CPU over gloo (--cpu alone would start a single process)
@@ -239,3 +246,25 @@ def test_accelerate_launch_runs_raptb_as_a_module(tmp_path):
     assert _holds_one_run(run)
     state = torch.load(run / "checkpoints" / "step-000001" / "trainer.pt")
     assert len(state["ranks_rng"]) == 2
+
+
+@pytest.mark.parametrize("loss", ["grpo", "ppo"])
+def test_rl_records_and_correct_texts_count_every_rank(tmp_path, loss):
+    """GRPO and PPO on 2 ranks: each step's logged reward mean is over both ranks' rows, and every
+    rank holds the correct texts found by either (rank 0 checkpoints its set)."""
+    run_ranks(rl_logging, tmp_path, loss)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["seen"] == ranks[1]["seen"]
+    found = {text for rank in ranks for part in rank["own"] for text in part["correct"]}
+    assert set(ranks[0]["seen"]) == found
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    for record in records:
+        rows = [
+            value
+            for rank in ranks
+            for part in rank["own"]
+            if part["step"] == record["step"] - 1
+            for value in part["rewards"]
+        ]
+        assert len(rows) == 16  # 2 micro-batches of 8 rows, 4 per rank each
+        assert record["reward_mean"] == pytest.approx(float(np.mean(rows)), rel=1e-12)
