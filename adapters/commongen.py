@@ -118,6 +118,12 @@ class CommonGenTask:
 
     def parts(self, prompt: str, text: str) -> RewardParts:
         """Coverage, quality, full coverage and sentence validity of ``text`` for ``prompt``."""
+        coverage, quality, full = self._overlap(prompt, text)
+        return RewardParts(coverage, quality, full, valid=is_valid_sentence(text))
+
+    def _overlap(self, prompt: str, text: str) -> tuple[float, float, bool]:
+        """(coverage, quality, full coverage) of ``text``: the parts that need the concept set
+        and references (validity, a property of the text alone, is checked apart)."""
         target = self._target(prompt)
         text_words = words(text)
         forms: set[str] = set()
@@ -133,24 +139,21 @@ class CommonGenTask:
             )
         else:
             quality = max_bigram_f1(text_words, target.reference_words)
-        return RewardParts(
-            coverage=present / len(target.concept_forms),
-            quality=quality,
-            full_coverage=present == len(target.concept_forms),
-            valid=is_valid_sentence(text),
-        )
+        total = len(target.concept_forms)
+        return present / total, quality, present == total
 
     def prefix_score(self, prompt: str, text: str) -> Score:
-        """c_k of a prefix that is not the sample's last: coverage and quality, no bonus."""
-        parts = self.parts(prompt, text)
-        return Score(
-            self.coverage_weight * parts.coverage + self.quality_weight * parts.quality, True
-        )
+        """c_k of a prefix that is not the sample's last: coverage and quality, no bonus (and no
+        validity check: a prefix is not judged as a sentence)."""
+        coverage, quality, _ = self._overlap(prompt, text)
+        return Score(self.coverage_weight * coverage + self.quality_weight * quality, True)
 
     def score(self, prompt: str, text: str) -> Score:
-        """c_tau of a finished sentence (prefix terms plus the hard bonus); 0 when invalid."""
-        parts = self.parts(prompt, text)
-        if not parts.valid:
+        """c_tau of a finished sentence (prefix terms plus the hard bonus); 0 when invalid (then
+        nothing else is computed)."""
+        self._target(prompt)  # an unknown prompt is an error, whatever the text
+        if not is_valid_sentence(text):
             return Score(0.0, False)
-        value = self.coverage_weight * parts.coverage + self.quality_weight * parts.quality
-        return Score(value + self.hard_coverage_bonus * parts.full_coverage, True)
+        coverage, quality, full = self._overlap(prompt, text)
+        value = self.coverage_weight * coverage + self.quality_weight * quality
+        return Score(value + self.hard_coverage_bonus * full, True)
