@@ -107,7 +107,6 @@ def sample_rollout(
     prompt_ids = policy.prompt_ids(prompt)
     policy.check_positions(len(prompt_ids), max_length)
     big_t, num_legal = max_length, len(policy.legal_ids)
-    legal = torch.tensor(policy.legal_ids, dtype=torch.long, device=device)
     # one gather of the legal columns and the stop column: the behaviour's sub-vocabulary
     sub_ids = torch.tensor([*policy.legal_ids, policy.stop_id], dtype=torch.long, device=device)
     tokens = torch.full((n, big_t), policy.pad_id, dtype=torch.long, device=device)
@@ -160,9 +159,8 @@ def sample_rollout(
                 ).squeeze(1)
                 stops = active & (choice == num_legal)
                 moves = active & ~stops
-                step_tokens = torch.where(
-                    moves, legal[choice.clamp(max=num_legal - 1)], policy.pad_id
-                )
+                # sub-vocabulary index -> vocabulary id (a stop's id is masked out by moves)
+                step_tokens = torch.where(moves, sub_ids[choice], policy.pad_id)
                 token_lp, stop_lp = token_log_probs(logits, step_tokens, policy.stop_id)
                 log_pterm[:, k] = torch.where(active, stop_lp, 0.0)
                 log_pf[:, k] = torch.where(moves, token_lp, 0.0)
