@@ -13,8 +13,11 @@ and ``log_pterm`` [B, T+1], with T = max_length.
 ``score`` recomputes the same values for given sequences by one teacher-forced forward pass with
 gradients (equal to the rollout's values up to float rounding when the model has no dropout or is
 in eval mode); ``reference_score`` does it without gradients for the frozen base model (the peft
-adapter disabled, or a frozen copy taken on first use). The prompt is tokenised once and shared by
-every row, so rows are aligned without padding; tokens after a row's stop are ignored.
+adapter disabled, or a frozen copy taken on first use). Both take a ``temperature`` (default 1):
+the log-probs of the softmax of logits / temperature, which the RL baselines score at their
+sampling temperature as TRL does; the GFlowNet objectives always score temperature 1. The
+prompt is tokenised once and shared by every row, so rows are aligned without padding; tokens
+after a row's stop are ignored.
 """
 
 from __future__ import annotations
@@ -142,6 +145,7 @@ class HFPolicy:
         tokens: torch.Tensor,
         length: torch.Tensor,
         hidden: bool = False,
+        temperature: float = 1.0,
     ) -> tuple[torch.Tensor, ...]:
         if tokens.ndim != 2:
             raise ValueError(f"tokens: expected shape [B, T], got {tuple(tokens.shape)}")
@@ -171,32 +175,35 @@ class HFPolicy:
         )
         logits = out.logits[:, len(prompt_ids) - 1 :, :]
         next_tokens = torch.cat([body, torch.full_like(body[:, :1], self.stop_id)], dim=1)
-        token_lp, stop_lp = token_log_probs(logits, next_tokens, self.stop_id)
+        token_lp, stop_lp = token_log_probs(logits, next_tokens, self.stop_id, temperature)
         log_pf = torch.where(token_mask, token_lp[:, :big_t], 0.0)
         log_pterm = torch.where(prefix_mask, stop_lp, 0.0)
         return (log_pf, log_pterm, out.hidden_states[-1]) if hidden else (log_pf, log_pterm)
 
     def score(
-        self, prompt: str, tokens: torch.Tensor, length: torch.Tensor
+        self, prompt: str, tokens: torch.Tensor, length: torch.Tensor, temperature: float = 1.0
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced ``(log_pf [B, T], log_pterm [B, T+1])`` of given trajectories, one forward
-        pass with gradients (the values the loss trains through)."""
-        log_pf, log_pterm = self._forward_log_probs(self.model, prompt, tokens, length)
+        pass with gradients (the values the loss trains through), of the softmax of logits /
+        ``temperature``."""
+        log_pf, log_pterm = self._forward_log_probs(
+            self.model, prompt, tokens, length, temperature=temperature
+        )
         return log_pf, log_pterm
 
     def score_with_hidden(
-        self, prompt: str, tokens: torch.Tensor, length: torch.Tensor
+        self, prompt: str, tokens: torch.Tensor, length: torch.Tensor, temperature: float = 1.0
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``score`` plus the last layer's hidden states [B, P + T, H] of the same forward pass
         (P = ``len(prompt_ids(prompt))``), for a value head on the policy's backbone."""
         log_pf, log_pterm, hidden = self._forward_log_probs(
-            self.model, prompt, tokens, length, hidden=True
+            self.model, prompt, tokens, length, hidden=True, temperature=temperature
         )
         return log_pf, log_pterm, hidden
 
     @torch.no_grad()
     def reference_score(
-        self, prompt: str, tokens: torch.Tensor, length: torch.Tensor
+        self, prompt: str, tokens: torch.Tensor, length: torch.Tensor, temperature: float = 1.0
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``score`` under the frozen base model, without gradients (for kappa log P_ref).
 
@@ -208,11 +215,15 @@ class HFPolicy:
             self.model.eval()
             try:
                 with self.model.disable_adapter():
-                    ref_pf, ref_pterm = self._forward_log_probs(self.model, prompt, tokens, length)
+                    ref_pf, ref_pterm = self._forward_log_probs(
+                        self.model, prompt, tokens, length, temperature=temperature
+                    )
             finally:
                 self.model.train(was_training)
             return ref_pf, ref_pterm
-        ref_pf, ref_pterm = self._forward_log_probs(self.freeze_reference(), prompt, tokens, length)
+        ref_pf, ref_pterm = self._forward_log_probs(
+            self.freeze_reference(), prompt, tokens, length, temperature=temperature
+        )
         return ref_pf, ref_pterm
 
     @property

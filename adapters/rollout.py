@@ -55,14 +55,19 @@ class Rollout:
 
 
 def token_log_probs(
-    logits: torch.Tensor, tokens: torch.Tensor, stop_id: int
+    logits: torch.Tensor, tokens: torch.Tensor, stop_id: int, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float32 log-softmax of ``logits`` [..., V] at ``tokens`` [...] and at ``stop_id``.
+    """Float32 log-softmax of ``logits`` [..., V] / ``temperature`` at ``tokens`` [...] and at
+    ``stop_id``.
 
     Gathers then subtracts the log-normaliser instead of materialising the full log-softmax, and is
-    shared by rollout and rescoring so both round the same way.
+    shared by rollout and rescoring so both round the same way. The GFlowNet objectives score the
+    untempered softmax (temperature 1, no division); the RL baselines score their sampling
+    temperature's, as TRL does (``app.rl_step``).
     """
     logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
     log_norm = torch.logsumexp(logits, dim=-1)
     chosen = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - log_norm
     return chosen, logits[..., stop_id] - log_norm

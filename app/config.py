@@ -30,7 +30,13 @@ from pydantic import (
 )
 
 from raptb.adapters.registry import TaskOptions, task_names, task_spec
-from raptb.app.config_rl import CISPO_EPSILON_HIGH, RL_LOSSES, RL_PRESET, RLConfig
+from raptb.app.config_rl import (
+    CISPO_EPSILON_HIGH,
+    RL_LOSS_PRESETS,
+    RL_LOSSES,
+    RL_PRESET,
+    RLConfig,
+)
 from raptb.app.config_sections import (
     LoraConfig,
     ObjectiveConfig,
@@ -236,7 +242,7 @@ def build_config(file: Path | None = None, overrides: dict[str, Any] | None = No
     if data.get("model", "tiny") != "tiny":
         data = _merge(PRETRAINED_PRESET, data)
     if data.get("loss") in RL_LOSSES:
-        data = _merge(RL_PRESET, data)
+        data = _merge(_merge(RL_PRESET, RL_LOSS_PRESETS.get(data["loss"], {})), data)
     try:
         return config_model().model_validate(data)
     except ValidationError as exc:

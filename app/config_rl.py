@@ -15,10 +15,18 @@ from raptb.core.grpo import GRPO
 from raptb.core.ppo import PPO
 
 RL_LOSSES = ("grpo", "ppo")
-"""The reward-maximising baselines (app.rl_train): no logZ, no replay, rollouts at temperature 1."""
+"""The reward-maximising baselines (app.rl_train): no logZ, no replay, rollouts at
+``rl.temperature``."""
 RL_PRESET: dict[str, Any] = {"replay": {"kind": "none"}}
 """What an RL loss sets under the file and the flags (an explicit replay other than none is an
 error)."""
+# The sampling temperature's default per method, TRL's: GRPOConfig.temperature 1.0 (TRL 1.16,
+# trl/trainer/grpo_config.py), PPOConfig.temperature 0.7 (TRL 1.12,
+# trl/experimental/ppo/ppo_config.py); the field's default is GRPO's, PPO's is its preset
+GRPO_TEMPERATURE = 1.0
+PPO_TEMPERATURE = 0.7
+RL_LOSS_PRESETS: dict[str, dict[str, Any]] = {"ppo": {"rl": {"temperature": PPO_TEMPERATURE}}}
+"""What one RL loss sets under the file and the flags, beside ``RL_PRESET``."""
 # CISPO's upper clip of the importance weight when epsilon_high is not given: ScaleRL's value
 # (TRL recommends it; its own default, epsilon, would cap every weight at 0.2)
 CISPO_EPSILON_HIGH = 5.0
@@ -34,6 +42,13 @@ def _trl(name: str, description: str, **constraints: Any) -> Any:
 class RLConfig(Section):
     """PPO and GRPO (``--loss ppo|grpo``): TRL's names and defaults (core.grpo, core.ppo)."""
 
+    temperature: float = Field(
+        GRPO_TEMPERATURE,
+        description="Sampling temperature of the rollouts; log pi (old, current, reference) is "
+        "scored at it, as TRL does (TRL's defaults: GRPO 1.0, PPO 0.7).",
+        gt=0,
+        allow_inf_nan=False,
+    )
     reward: Literal["task", "log_r"] = Field(
         "task",
         description="Sequence reward: 'task' = u at the stop (lambda * S of the finished text), "

@@ -73,9 +73,12 @@ def fixed_rollout(
     *,
     reference: bool,
 ) -> PPORollout | None:
-    """Old log-probs and values of ``batch`` from one teacher-forced pass without gradient,
-    reference log-probs when ``reference``; None when one of them is not finite."""
-    log_probs, values = score_actions(policy, batch.prompt, batch.tokens, batch.length, value_head)
+    """Old log-probs (at the rollout's temperature, as TRL's) and values of ``batch`` from one
+    teacher-forced pass without gradient, reference log-probs when ``reference``; None when one of
+    them is not finite."""
+    log_probs, values = score_actions(
+        policy, batch.prompt, batch.tokens, batch.length, value_head, batch.temperature
+    )
     ref = reference_log_probs(policy, batch) if reference else None
     if values is None or not all_finite(log_probs, values, ref):
         return None
@@ -171,7 +174,9 @@ def _part_batch(
     batch = rollout.batch
     index = torch.as_tensor(local, device=batch.tokens.device)
     length = batch.length[index]
-    log_probs, values = score_actions(policy, batch.prompt, batch.tokens[index], length, value_head)
+    log_probs, values = score_actions(
+        policy, batch.prompt, batch.tokens[index], length, value_head, batch.temperature
+    )
     if values is None or not all_finite(log_probs, values):
         return None
     return RLBatch(

@@ -10,8 +10,9 @@ GRPO takes one optimisation pass per rollout (TRL's ``num_iterations = 1``): the
 are the current ones detached, so every ratio is 1 in value while its gradient is that of log pi,
 exactly as TRL computes it without a second pass. PPO's several passes per rollout are
 ``app.ppo_update``'s, built on ``score_actions`` and ``reference_log_probs`` here. The policy's
-log pi is the model's full, untempered softmax (``adapters.policy``), as for the GFlowNet
-objectives.
+log pi, old and current, and the reference's are the model's full softmax of logits / T at the
+rollout's temperature T (``rl.temperature``), as TRL scores GRPO's and PPO's log-probs; the
+GFlowNet objectives score T = 1 whatever they sampled at.
 """
 
 from __future__ import annotations
@@ -49,21 +50,26 @@ def score_actions(
     tokens: torch.Tensor,
     length: torch.Tensor,
     value_head: ValueHead | None,
+    temperature: float,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Action log-probs [B, T+1] of ``tokens`` [B, T] (``length`` [B]) from one teacher-forced
-    pass (with gradients unless under ``torch.no_grad``), and the values [B, T+1] from its last
-    hidden states when ``value_head`` is given (else None)."""
+    """Action log-probs [B, T+1] of ``tokens`` [B, T] (``length`` [B]) under the softmax of
+    logits / ``temperature`` from one teacher-forced pass (with gradients unless under
+    ``torch.no_grad``), and the values [B, T+1] from its last hidden states when ``value_head`` is
+    given (else None)."""
     if value_head is None:
-        log_pf, log_pterm = policy.score(prompt, tokens, length)
+        log_pf, log_pterm = policy.score(prompt, tokens, length, temperature)
         return action_log_probs(log_pf, log_pterm, length), None
-    log_pf, log_pterm, hidden = policy.score_with_hidden(prompt, tokens, length)
+    log_pf, log_pterm, hidden = policy.score_with_hidden(prompt, tokens, length, temperature)
     values = prefix_values(value_head, hidden, len(policy.prompt_ids(prompt)), length)
     return action_log_probs(log_pf, log_pterm, length), values
 
 
 def reference_log_probs(policy: HFPolicy, batch: Trajectories) -> torch.Tensor:
-    """The reference model's action log-probs [B, T+1] of ``batch`` (no gradient)."""
-    ref_pf, ref_pterm = policy.reference_score(batch.prompt, batch.tokens, batch.length)
+    """The reference model's action log-probs [B, T+1] of ``batch`` at its rollout's temperature
+    (no gradient)."""
+    ref_pf, ref_pterm = policy.reference_score(
+        batch.prompt, batch.tokens, batch.length, batch.temperature
+    )
     return action_log_probs(ref_pf, ref_pterm, batch.length)
 
 
@@ -80,10 +86,13 @@ def rl_batch(
     value_head: ValueHead | None,
     reference: bool,
 ) -> RLBatch | None:
-    """The micro-batch in the action layout: log-probs (with gradients) from one teacher-forced
-    pass, values from its last hidden states when ``value_head`` is given, reference log-probs
-    when ``reference``. None when a log-probability or value is not finite."""
-    log_probs, values = score_actions(policy, batch.prompt, batch.tokens, batch.length, value_head)
+    """The micro-batch in the action layout: log-probs (with gradients) at the rollout's
+    temperature from one teacher-forced pass, values from its last hidden states when
+    ``value_head`` is given, reference log-probs when ``reference``. None when a log-probability
+    or value is not finite."""
+    log_probs, values = score_actions(
+        policy, batch.prompt, batch.tokens, batch.length, value_head, batch.temperature
+    )
     ref = reference_log_probs(policy, batch) if reference else None
     if not all_finite(log_probs, ref, values):
         return None

@@ -4,7 +4,7 @@ checkpoints and logging around the stages of ``app.rl_step``.
 What differs from ``app.train.Trainer``: the loss is ``core.grpo`` / ``core.ppo`` built from the
 ``[rl]`` section (TRL's names and defaults); there is no replay (the config only takes replay
 'none') and logZ is never trained (it stays in the optimizer without a gradient); rollouts are
-on-policy at temperature 1 (``[sampling]`` is not read); PPO's value head sits on
+on-policy at ``rl.temperature`` (``[sampling]`` is not read); PPO's value head sits on
 the policy's last hidden states, is trained at the policy's learning rate without weight decay,
 and is saved in ``trainer.pt``. GRPO takes one optimizer step per logged step (its micro-batches
 accumulated, as the GFlowNet trainer); PPO's logged step is one PPO update on TRL's schedule
@@ -121,10 +121,12 @@ class RLTrainer(Trainer):
         """This process's share of one micro-batch for ``prompt``, its task rewards and the
         terminal reward each row is judged by."""
         cfg = self.cfg
-        # on-policy at temperature 1 (TRL's default): log pi is untempered, so the sampling
-        # policy is the trained one up to the grammar mask
+        # on-policy at rl.temperature, at which app.rl_step scores log pi (as TRL), so the
+        # sampling policy is the trained one up to the grammar mask
         # (each process its share of the global micro-batch, as for the GFlowNet objectives)
-        batch = roll_out(self.policy, self.task, prompt, self.rank_batch, 1.0, self.generator)
+        batch = roll_out(
+            self.policy, self.task, prompt, self.rank_batch, cfg.rl.temperature, self.generator
+        )
         weights = self.reward_schedule.at(self.step)  # lambda and T_R schedules apply here too
         kappa = weights.kappa if cfg.rl.reward == "log_r" else 0.0
         rewards = reward(self.scorer, self.policy, batch, kappa, weights.scale)
@@ -227,7 +229,7 @@ class RLTrainer(Trainer):
             on_policy=seen.on_policy,
             hits=len(seen.correct),
             replayed=False,
-            temperature=1.0,
+            temperature=cfg.rl.temperature,
             rewards=seen.rewards,
         )
         record = self._record([stats], [stats], time.perf_counter() - start)

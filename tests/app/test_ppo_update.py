@@ -60,9 +60,12 @@ def test_one_epoch_one_mini_batch_is_the_single_pass_step(tmp_path, grad_accum):
 
 
 def _hand_log_probs(trainer: RLTrainer, batch: Trajectories) -> list[torch.Tensor]:
-    """Per row, the action log-probs (tokens then the stop) under the current weights."""
+    """Per row, the action log-probs (tokens then the stop) under the current weights, at the
+    rollout's temperature (the one PPO scores at: tests/app/test_rl_temperature.py)."""
     with torch.no_grad():
-        log_pf, log_pterm = trainer.policy.score(batch.prompt, batch.tokens, batch.length)
+        log_pf, log_pterm = trainer.policy.score(
+            batch.prompt, batch.tokens, batch.length, batch.temperature
+        )
     return [
         torch.cat([log_pf[b, :tau], log_pterm[b, tau : tau + 1]])
         for b, tau in enumerate(batch.length.tolist())
