@@ -33,7 +33,13 @@ from typing import Literal
 from sacrebleu.metrics import BLEU
 
 from raptb.adapters.commongen_data import ConceptSet, diagnostic_concept_sets
-from raptb.adapters.english import SENTENCE_CHARACTERS, is_valid_sentence, lemma_forms, words
+from raptb.adapters.english import (
+    SENTENCE_CHARACTERS,
+    SENTENCE_END,
+    is_valid_sentence,
+    lemma_forms,
+    words,
+)
 from raptb.core.ports import Score, check_length_bounds
 from raptb.core.text_overlap import max_bigram_f1
 
@@ -115,6 +121,13 @@ class CommonGenTask:
     def references(self, prompt: str) -> tuple[str, ...]:
         """The human reference sentences of ``prompt``'s concept set."""
         return self._target(prompt).references
+
+    def sentence(self, text: str) -> str:
+        """The sentence a finished sample writes: its text (which excludes the stop) followed by
+        the stop's ".", or the text alone when it already ends with a final mark (".", "!" or
+        "?": a sentence has one; where the stop is EOS, a tokenizer without a single "." token,
+        the text writes its own)."""
+        return text if text.rstrip()[-1:] in SENTENCE_END else text + self.stop
 
     def parts(self, prompt: str, text: str) -> RewardParts:
         """Coverage, quality, full coverage and sentence validity of ``text`` for ``prompt``."""

@@ -1,12 +1,20 @@
 """CommonGen metrics per concept set and averaged over sets (paper table "CommonGen performance").
 
 Per concept set, over its N samples (N = 320 in the paper): Entropy (ragged token entropy of the
-valid samples, ``core/metrics.py``), BLEU-4 (sacrebleu corpus BLEU of the valid samples against
-the set's references, every sample sharing the same reference list; 0 without references or
-valid samples), Len (mean token length of valid samples), Delta log p_term (trained minus
-reference model, on all the same samples, ``core/termination.py``), Coverage (fraction of samples
-that are valid and use every concept) and Validity (valid fraction). The summary is the plain
-mean of each metric over the sets.
+valid samples, ``core/metrics.py``), BLEU-4 (corpus BLEU of the valid samples' sentences as
+written, final period included (``CommonGenTask.sentence``), against the set's references, every
+sample sharing the same reference list; 0 without references or valid samples), Len (mean token
+length of valid samples), Delta log p_term (trained minus reference model, on all the same
+samples, ``core/termination.py``), Coverage (fraction of samples that are valid and use every
+concept) and Validity (valid fraction). The summary is the plain mean of each metric over the
+sets.
+
+BLEU is sacrebleu's (case-sensitive, closest reference length, no smoothing) with its ``13a``
+tokenisation. The official CommonGen evaluation runs coco-caption's BLEU-4 on spaCy's English
+tokens; spaCy needs a model download, and on this task's alphabet (letters, spaces and
+``,;:'"!?.-()``) 13a splits the same punctuation off the words (the final period, commas,
+brackets, quotes) and differs where spaCy splits clitics and hyphenated words ("boy's" -> "boy
+'s", "don't" -> "do n't", "ice-cream" -> "ice - cream"), which 13a keeps whole.
 """
 
 from __future__ import annotations
@@ -36,12 +44,13 @@ class SetSamples:
     reference_log_pterm: Sequence[float]
 
 
-def corpus_bleu(texts: Sequence[str], references: Sequence[str]) -> float:
-    """sacrebleu corpus BLEU-4 (0..100) of ``texts``, each against all of ``references``."""
-    if not texts or not references:
+def corpus_bleu(sentences: Sequence[str], references: Sequence[str]) -> float:
+    """sacrebleu corpus BLEU-4 (0..100, 13a tokens) of ``sentences``, each against all of
+    ``references``."""
+    if not sentences or not references:
         return 0.0
-    streams = [[reference] * len(texts) for reference in references]
-    return float(BLEU().corpus_score(list(texts), streams).score)
+    streams = [[reference] * len(sentences) for reference in references]
+    return float(BLEU(tokenize="13a").corpus_score(list(sentences), streams).score)
 
 
 def set_metrics(task: CommonGenTask, samples: SetSamples) -> dict[str, float]:
@@ -57,7 +66,9 @@ def set_metrics(task: CommonGenTask, samples: SetSamples) -> dict[str, float]:
     valid_tokens = [tuple(r) for r, ok in zip(samples.tokens, valid, strict=True) if ok]
     return {
         "Entropy": ragged_token_entropy(valid_tokens),
-        "BLEU": corpus_bleu(valid_texts, task.references(samples.prompt)),
+        "BLEU": corpus_bleu(
+            [task.sentence(t) for t in valid_texts], task.references(samples.prompt)
+        ),
         "Len": mean_length([len(r) for r in samples.tokens], valid),
         "DeltaLogPterm": delta_log_pterm(samples.log_pterm, samples.reference_log_pterm),
         "Coverage": float(np.mean([p.valid and p.full_coverage for p in parts])),

@@ -127,7 +127,34 @@ def test_commongen_metrics_hand_computed() -> None:
     # valid rows [1..6] and [1,2,7]: position 2 has tokens {3, 7} -> ln 2; positions 3.. have one
     # survivor (skipped); positions 0, 1 entropy 0 -> mean (0 + 0 + ln 2) / 3
     assert math.isclose(row["Entropy"], math.log(2) / 3, rel_tol=1e-6)
-    assert math.isclose(row["BLEU"], corpus_bleu(texts[:2], SET.references))
+    assert math.isclose(row["BLEU"], corpus_bleu([t + "." for t in texts[:2]], SET.references))
     sentence = "The cat sits on the couch ."
     assert math.isclose(corpus_bleu([sentence], [sentence]), 100.0)
     assert corpus_bleu([], ["x"]) == 0.0
+
+
+def test_bleu_scores_the_sentences_as_written_against_hand_computed_bleu() -> None:
+    dogs = ConceptSet(
+        ("dog", "run", "park"), ("A dog runs in the park.", "The dog is running on the grass.")
+    )
+    task = CommonGenTask([dogs])
+    # texts exclude the stop "."; the third already ends with its own mark and keeps it alone
+    texts = ["The dog runs in the park", "A dog is running", "Dogs, run!"]
+    assert [task.sentence(t) for t in texts] == [
+        "The dog runs in the park.",
+        "A dog is running.",
+        "Dogs, run!",
+    ]
+    samples = SetSamples(dogs.prompt, texts, [[1]] * 3, [0.0] * 3, [0.0] * 3)
+    bleu = commongen_metrics(task, [samples])[dogs.prompt]["BLEU"]
+    # By hand, 13a tokens (punctuation split off, case kept). References:
+    #   A dog runs in the park .  (7)      The dog is running on the grass .  (8)
+    # Hypotheses, n-grams found in a reference / n-grams, for n = 1..4:
+    #   The dog runs in the park .  (7):  7/7  6/6  4/5 ("The dog runs" is in neither)  3/4
+    #   A dog is running .          (5):  5/5  3/4 ("running ." is not)  1/3  0/2
+    #   Dogs , run !                (4):  0/4  0/3  0/2  0/1
+    # closest reference lengths 7, 7, 7: c = 16, r = 21, brevity penalty exp(1 - r / c)
+    precisions = [12 / 16, 9 / 13, 5 / 10, 3 / 7]
+    by_hand = math.exp(1 - 21 / 16) * math.prod(precisions) ** (1 / 4) * 100
+    assert bleu == pytest.approx(by_hand, rel=1e-9)
+    assert round(by_hand, 2) == 42.25
