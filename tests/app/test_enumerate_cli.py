@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -30,10 +31,14 @@ def test_json_counts(cache_dir: Path) -> None:
 def test_table_lists_every_length(cache_dir: Path) -> None:
     result = CliRunner().invoke(app, ["enumerate", "expr24"])
     assert result.exit_code == 0, result.output
-    for count in ("4", "82", "2,520", "72,839", "75,445"):
-        assert count in result.output
+    # the table's body rows, "│ length │ solutions │", in order (the title and header excluded)
+    rows = re.findall(r"^│\s*(\w+)\s*│\s*([\d,]+)\s*│$", result.output, flags=re.MULTILINE)
+    expected = [(length, f"{count:,}") for length, count in EXPECTED.items()]
+    assert rows == [*expected, ("total", "75,445")]
 
 
 def test_unknown_task_is_a_usage_error(cache_dir: Path) -> None:
     result = CliRunner().invoke(app, ["enumerate", "smiles"])
     assert result.exit_code == 2
+    assert "'smiles' is not an enumerable task; choose from expr24" in result.output
+    assert not list(cache_dir.glob("*.json"))  # refused before any enumeration
