@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import re
@@ -26,7 +27,10 @@ def pair(prompt, text):
 def nan(prompt, text):
     return math.nan
 
+BOOM_CALLS = []
+
 def boom(prompt, text):
+    BOOM_CALLS.append(text)
     raise RuntimeError("reward crashed")
 """
 
@@ -111,6 +115,14 @@ def test_a_crashing_reward_marks_samples_invalid(reward_module, tmp_path):
     )
     from raptb.app.train import Trainer
 
+    calls = importlib.import_module(reward_module).BOOM_CALLS
+    before = len(calls)
     trainer = Trainer(cfg, tmp_path / "r", progress=False)
     trainer.train()
+    made = len(calls) - before
+    (record,) = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    # every call the step made raised, and each was counted; every sample of the run is invalid
+    assert made > 0 and record["reward_errors"] == made and record["reward_nonfinite"] == 0
+    assert record["acc"] == 0.0 and record["unique_correct"] == 0
+    assert math.isfinite(record["loss"])  # the step trained on the zero rewards
     assert trainer.scorer.score_text("", "ab") == Score(0.0, False)
