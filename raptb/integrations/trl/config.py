@@ -9,6 +9,7 @@ format. Defaults are those of raptb's core objectives and of ``raptb train`` (lo
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
@@ -241,10 +242,15 @@ def _parameter_doc(f: Field[Any]) -> str:
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
     default = f.default if f.default is not MISSING else None
     shown = f"defaults to `{default!r}`" if default is not None else "defaults to `None`"
-    return f"        {f.name} (`{kind}`, *optional*, {shown}):\n            {f.metadata['help']}"
+    text = textwrap.fill(
+        f.metadata["help"], 100, initial_indent=" " * 12, subsequent_indent=" " * 12
+    )
+    return f"        {f.name} (`{kind}`, *optional*, {shown}):\n{text}"
 
 
 _NEW_FIELDS = [f for f in fields(GFlowNetConfig) if f.name in GFlowNetConfig.__annotations__]
-GFlowNetConfig.__doc__ = (GFlowNetConfig.__doc__ or "") + "\n".join(
-    _parameter_doc(f) for f in _NEW_FIELDS
+GFlowNetConfig.__doc__ = (
+    (GFlowNetConfig.__doc__ or "").rstrip()
+    + "\n"
+    + "\n".join(_parameter_doc(f) for f in _NEW_FIELDS)
 )

@@ -180,7 +180,8 @@ class GFlowNetTrainer(GRPOTrainer):
             tuple(ids[:n].tolist()) for ids, n in zip(completion_ids, length.tolist(), strict=True)
         ]
         texts = self._tokenizer.batch_decode(rows, skip_special_tokens=True)
-        u = stored_u(draw, self._task_rewards(inputs, rows, rewards))
+        width = completion_ids.shape[1] + 1
+        u = stored_u(draw, self._task_rewards(inputs, rows, rewards, width))
         log_r = torch.as_tensor(u, dtype=torch.float32, device=completion_ids.device)
         if self.gfn_args.kappa > 0:
             prior = self._reference_log_prob(
@@ -205,10 +206,13 @@ class GFlowNetTrainer(GRPOTrainer):
         }
 
     def _task_rewards(
-        self, inputs: list[dict[str, Any]], rows: list[tuple[int, ...]], rewards: np.ndarray
+        self,
+        inputs: list[dict[str, Any]],
+        rows: list[tuple[int, ...]],
+        rewards: np.ndarray,
+        width: int,
     ) -> np.ndarray:
-        """u [B, C+1] (float64): reward_scale * S_k / T_R at every prefix k <= tau, 0 after."""
-        width = max((len(r) for r in rows), default=0) + 1
+        """u [B, width] (float64): reward_scale * S_k / T_R at every prefix k <= tau, 0 after."""
         scores = np.zeros((len(rows), width))
         scores[np.arange(len(rows)), [len(r) for r in rows]] = rewards
         if self.prefix_reward_func is not None:
