@@ -152,6 +152,11 @@ class GFlowNetConfig(GRPOConfig):
             "If `None`, [1, 1, 1, 1]."
         },
     )
+    subm_gating_ratio: float = _help(
+        0.0,
+        "SubM validity gating: least fraction of valid items among the candidates (1: valid "
+        "items only).",
+    )
     subm_shingles: str = _help(
         "text",
         "SubM similarity: Jaccard on k-gram shingles of the completion's characters ('text') or "
@@ -186,7 +191,7 @@ class GFlowNetConfig(GRPOConfig):
             raise ValueError(
                 f"subm_shingles: must be one of {SUBM_SHINGLES}, got {self.subm_shingles!r}"
             )
-        for name in ("replay_fraction", "replay_fraction_end"):
+        for name in ("replay_fraction", "replay_fraction_end", "subm_gating_ratio"):
             value = getattr(self, name)
             if value is not None and not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name}: must lie in [0, 1], got {value}")
@@ -232,6 +237,7 @@ class GFlowNetConfig(GRPOConfig):
             "capacity": self.replay_capacity,
             "shingle_k": self.subm_shingle_k,
             "shingle_on": self.subm_shingles,
+            "gating_ratio": self.subm_gating_ratio,
         }
         if self.subm_weights is not None:
             kwargs.update(zip(("w_rew", "w_val", "w_div", "w_len"), self.subm_weights, strict=True))
