@@ -16,7 +16,10 @@ preset: w_len 0, validity = correct, gating 1, character bigrams), one thread:
   0.5 -> 0.25);
 - ``GFlowNetTrainer``: TRL's generation (no grammar, temperature 1, at most 9 tokens, the stop
   forced after 9), ``num_generations = batch-size`` over one prompt, a replayed fraction
-  0.5 -> 0.25 of each generation batch, the Expr24 score as the TRL reward function.
+  0.5 -> 0.25 of each generation batch, the Expr24 score as the TRL reward function; once over
+  the whole vocabulary and once with the sampler restricted to Expr24's alphabet and EOS (TRL's
+  ``generation_kwargs={"suppress_tokens": ...}``, the counterpart of raptb's legal tokens without
+  its grammar). The loss scores the model's full distribution either way, as raptb's does.
 
 Reported per side: distinct correct expressions sampled on-policy over the run, Acc (the fraction
 of on-policy samples equal to 24) over the last 10 % of the steps and over the run, and the wall
@@ -33,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +80,9 @@ def run_raptb(steps: int, batch: int, accum: int, seed: int, out: Path) -> dict[
     }
 
 
-def run_trl(steps: int, batch: int, accum: int, seed: int, out: Path) -> dict[str, Any]:
+def run_trl(
+    steps: int, batch: int, accum: int, seed: int, out: Path, alphabet_only: bool = False
+) -> dict[str, Any]:
     from datasets import Dataset
 
     from raptb.integrations.trl import GFlowNetConfig, GFlowNetTrainer
@@ -95,8 +101,13 @@ def run_trl(steps: int, batch: int, accum: int, seed: int, out: Path) -> dict[st
         acc.append(len(hits) / len(completions))
         return [s.value for s in scores]
 
+    generation_kwargs = None
+    if alphabet_only:
+        keep = set(tokenizer.convert_tokens_to_ids(list(task.alphabet))) | {tokenizer.eos_token_id}
+        generation_kwargs = {"suppress_tokens": [i for i in range(len(tokenizer)) if i not in keep]}
     args = GFlowNetConfig(
         output_dir=str(out / "trl"),
+        generation_kwargs=generation_kwargs,
         loss="raptb",
         k_min=7,
         k_min_end=3,
@@ -139,6 +150,13 @@ def run_trl(steps: int, batch: int, accum: int, seed: int, out: Path) -> dict[st
     }
 
 
+SIDES = {
+    "raptb train": run_raptb,
+    "GFlowNetTrainer": run_trl,
+    "GFlowNetTrainer, Expr24 alphabet": partial(run_trl, alphabet_only=True),
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
@@ -156,14 +174,14 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        for name, run in (("raptb train", run_raptb), ("GFlowNetTrainer", run_trl)):
-            folder = root / name.replace(" ", "_")
+        for i, (name, run) in enumerate(SIDES.items()):
+            folder = root / str(i)
             folder.mkdir()
             results[name] = run(a.steps, a.batch_size, a.grad_accum, a.seed, folder)
             print(name, results[name], flush=True)
     print("| side | distinct correct | Acc (last 10 % of steps) | Acc (run) | wall s |")
     print("|---|---:|---:|---:|---:|")
-    for name in ("raptb train", "GFlowNetTrainer"):
+    for name in SIDES:
         r = results[name]
         print(
             f"| {name} | {r['distinct_correct']} | {r['acc_last']:.3f} | {r['acc_run']:.3f} "

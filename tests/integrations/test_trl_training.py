@@ -14,6 +14,7 @@ pytest.importorskip("trl")
 pytest.importorskip("datasets")
 
 import numpy as np
+import torch
 from datasets import Dataset
 
 from raptb.adapters.models import build_char_tokenizer
@@ -173,3 +174,35 @@ def test_replayed_rows_carry_their_stored_tokens_and_task_rewards(
         stop = second["completion_ids"][row, lengths[row]].item() if lengths[row] < 6 else None
         assert stop in (eos, None)
     assert first["gfn_length"].tolist() == [2, 1, 6, 0]
+
+
+def test_with_peft_the_reference_is_the_base_model_with_the_adapter_disabled(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    from peft import LoraConfig
+    from transformers import LlamaForCausalLM
+
+    from raptb.integrations.trl.prefix_log_probs import prefix_log_probs, stop_log_prob
+
+    trainer = trainer_for(
+        model_dir,
+        config(tmp_path, max_steps=2, kappa=1.0, replay="rp", learning_rate=1e-2),
+        peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
+    )
+    assert trainer.ref_model is None  # TRL keeps no copy: the adapter is switched off instead
+    trainer.train()
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([{"prompt": "ab"}] * 8)
+    rows = (
+        batch["prompt_ids"],
+        batch["prompt_mask"],
+        batch["completion_ids"],
+        batch["completion_mask"],
+        batch["gfn_length"],
+    )
+    base = LlamaForCausalLM.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        want = stop_log_prob(*prefix_log_probs(base, *rows, trainer.stop_ids), rows[-1])
+        policy = stop_log_prob(*prefix_log_probs(trainer.model, *rows, trainer.stop_ids), rows[-1])
+    assert float((policy - want).abs().max()) > 1e-3  # the adapter was trained
+    np.testing.assert_allclose(batch["gfn_log_r"], batch["gfn_u"] + want, rtol=1e-5, atol=1e-5)

@@ -81,6 +81,11 @@ class GFlowNetTrainer(GRPOTrainer):
         config = kwargs.get("args", args[2] if len(args) > 2 else None)
         if not isinstance(config, GFlowNetConfig):
             raise TypeError("GFlowNetTrainer: args must be a GFlowNetConfig")
+        if kwargs.get("optimizers", (None, None))[0] is not None:
+            raise ValueError(
+                "GFlowNetTrainer: optimizers cannot be passed; the trainer builds TRL's optimizer "
+                "with logZ in a group of its own (lr args.log_z_lr)"
+            )
         if kwargs.get("tools") or kwargs.get("environment_factory"):
             raise ValueError(
                 "GFlowNetTrainer: tools and environments are not supported (tool outputs inside a "
