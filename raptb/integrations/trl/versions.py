@@ -25,7 +25,11 @@ OVERRIDDEN_TRL_INTERNALS = (
     "GRPOTrainer._save_checkpoint (extended: logZ, replay buffer and sampler state)",
     "GRPOTrainer._load_optimizer_and_scheduler (extended: restores them on resume)",
     "Trainer.create_optimizer (extended: logZ's own parameter group)",
-    "GRPOTrainer.eos_token_ids, .ref_model, ._metrics, ._tokenizer (read)",
+    "Trainer._get_output_dir (called: the checkpoint folder)",
+    "GRPOTrainer.eos_token_ids, .ref_model, .reward_weights, .max_completion_length, ._metrics, "
+    "._tokenizer, ._is_vlm, .beta, and Trainer.current_gradient_accumulation_steps (read; .beta "
+    "set to 0 after construction)",
+    "trl.trainer.utils.use_adapter (called: the PEFT reference)",
 )
 """The private TRL methods and attributes this integration overrides or reads."""
 
