@@ -9,6 +9,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN_IN_CORE = {
+    "trl",
+    "raptb.integrations",
     "torch",
     "transformers",
     "peft",
@@ -47,7 +49,16 @@ def test_core_imports_no_framework_or_outer_layer():
 
 
 def test_adapters_never_import_app():
-    assert violations("adapters", {"raptb.app"}) == []
+    assert violations("adapters", {"raptb.app", "raptb.integrations", "trl"}) == []
+
+
+def test_app_never_imports_an_integration():
+    # integrations are edges beside app (architecture.md); app stays free of their extras
+    assert violations("app", {"raptb.integrations"}) == []
+
+
+def test_integrations_import_core_and_adapters_never_app():
+    assert violations("raptb/integrations", {"raptb.app"}) == []
 
 
 def test_the_rule_checker_catches_a_violation(tmp_path):

@@ -11,10 +11,11 @@ whose gain is not positive are not kept, so with it the buffer can hold fewer th
 items. ``valid`` is the task's replay validity (Expr24: correct), which gating and w_val use.
 Similarity is Jaccard on k-gram shingles of the text's characters or words (or of the tokens)
 or Tanimoto on ``item.features`` (packed uint64 fingerprints); an item without features is
-dissimilar to everything. Only new x all similarities are computed per refresh
-(``SimilarityCache.quantised``, which keeps the 2**-15 fixed-point matrix the selection works
-on). ``diversity="dispersion"`` swaps the facility term for the reference code's dispersion
-rule, for comparison runs.
+dissimilar to everything. A ``Similarity`` object (``core.ports``) in place of the name scores the
+items' texts (``shingle_on="text"``) or token tuples (``"tokens"``) with its own ``pairwise``.
+Only new x all similarities are computed per refresh (``SimilarityCache.quantised``, which keeps
+the 2**-15 fixed-point matrix the selection works on). ``diversity="dispersion"`` swaps the
+facility term for the reference code's dispersion rule, for comparison runs.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from raptb.core.ports import Similarity
 from raptb.core.replay.base import ReplayBuffer
 from raptb.core.replay.item import ReplayItem
 from raptb.core.similarity import ShingleJaccardSimilarity, TanimotoSimilarity
@@ -55,7 +57,7 @@ class SubmodularBuffer(ReplayBuffer):
         w_div: float = 1.0,
         w_len: float = 1.0,
         gating_ratio: float = 0.0,
-        similarity: str = "jaccard",
+        similarity: str | Similarity = "jaccard",
         shingle_k: int = 2,
         shingle_on: str = "text",
         length_bin_size: int = 1,
@@ -70,8 +72,11 @@ class SubmodularBuffer(ReplayBuffer):
         for name, w in (("w_rew", w_rew), ("w_val", w_val), ("w_div", w_div), ("w_len", w_len)):
             if not (math.isfinite(w) and w >= 0):
                 raise ValueError(f"{name} must be finite and non-negative, got {w}")
-        if similarity not in ("jaccard", "tanimoto"):
-            raise ValueError(f"similarity must be 'jaccard' or 'tanimoto', got {similarity!r}")
+        if isinstance(similarity, str):
+            if similarity not in ("jaccard", "tanimoto"):
+                raise ValueError(f"similarity must be 'jaccard' or 'tanimoto', got {similarity!r}")
+        elif not callable(getattr(similarity, "pairwise", None)):
+            raise ValueError("similarity must be 'jaccard', 'tanimoto' or a Similarity object")
         if shingle_on not in SHINGLE_UNITS:
             raise ValueError(f"shingle_on must be one of {SHINGLE_UNITS}, got {shingle_on!r}")
         if length_bin_size < 1:
@@ -106,7 +111,11 @@ class SubmodularBuffer(ReplayBuffer):
             "w_div": self.w_div,
             "w_len": self.w_len,
             "gating_ratio": self.gating_ratio,
-            "similarity": self.similarity,
+            "similarity": (
+                self.similarity
+                if isinstance(self.similarity, str)
+                else type(self.similarity).__qualname__
+            ),
             "shingle_k": self.shingle_k,
             "shingle_on": self.shingle_on,
             "length_bin_size": self.length_bin_size,
@@ -117,12 +126,14 @@ class SubmodularBuffer(ReplayBuffer):
         }
 
     def _backend(self) -> object:
+        if not isinstance(self.similarity, str):
+            return self.similarity
         if self.similarity == "tanimoto":
             return TanimotoSimilarity()
         return ShingleJaccardSimilarity(self.shingle_k, words=self.shingle_on == "words")
 
     def _feature(self, item: ReplayItem, n_words: int) -> object:
-        if self.similarity == "jaccard":
+        if self.similarity != "tanimoto":
             return item.tokens if self.shingle_on == "tokens" else item.text
         if item.features is None:
             return np.zeros(n_words, dtype=np.uint64)

@@ -1,0 +1,345 @@
+"""``GFlowNetTrainer``: TRL's ``GRPOTrainer`` with raptb's GFlowNet objective and replay.
+
+Generation, reward functions, vLLM, chat templates, multi-GPU, logging and checkpoints stay TRL's.
+What changes (``versions.OVERRIDDEN_TRL_INTERNALS`` lists the TRL methods involved):
+
+- after TRL has generated and scored a generation batch, a fraction of its rows is replaced by
+  replay items (``replay``), and every row gets raptb's prefix layout: tau, the task rewards
+  u_k = reward_scale * S_k / T_R (S_tau the summed TRL reward of the completion, S_k for k < tau
+  from the optional ``prefix_reward_func``, else 0) and the log-rewards
+  log_r_k = kappa log P_ref(prefix_k + stop) / T_R + u_k, log P_ref from the reference model TRL
+  keeps (the initial weights; the adapter disabled with PEFT);
+- the loss is the configured core objective on (log_pf, log_pterm) of one forward pass of the
+  policy (``prefix_log_probs``) and a learned float32 logZ in its own optimizer group;
+- checkpoints also hold logZ, the replay buffer and the replay sampler's state.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from trl import GRPOTrainer
+from trl.data_utils import is_conversational
+from trl.trainer.utils import use_adapter
+
+from raptb.core.batch import PrefixBatch
+from raptb.core.objectives import Objective
+from raptb.core.replay import ReplayBuffer, ReplayItem, make_buffer
+from raptb.integrations.trl.config import GFlowNetConfig
+from raptb.integrations.trl.prefix_log_probs import (
+    prefix_log_probs,
+    stop_log_prob,
+    trajectory_lengths,
+)
+from raptb.integrations.trl.replay import ReplayDraw, draw_replay, splice_completions, stored_u
+
+PrefixRewardFunc = Callable[..., Sequence[float]]
+"""TRL's reward-function signature, ``f(prompts=..., completions=..., **columns) -> rewards``,
+called on (prompt, prefix of a completion) pairs."""
+SimilarityFunc = Callable[[Sequence[str], Sequence[str]], Any]
+"""``f(texts_a, texts_b) -> [len(a), len(b)]`` similarities in [0, 1], symmetric."""
+STATE_FILE = "gflownet_state_{rank}.pt"
+"""The per-process file a checkpoint folder gets: logZ, the replay buffer, the replay sampler."""
+
+
+class CallableSimilarity:
+    """``Similarity`` port (``core.ports``) over completion texts, from a plain callable."""
+
+    def __init__(self, func: SimilarityFunc) -> None:
+        self.func = func
+
+    def pairwise(self, a: Sequence[object], b: Sequence[object]) -> np.ndarray:
+        return np.asarray(self.func(list(a), list(b)), dtype=np.float64).reshape(len(a), len(b))
+
+
+class GFlowNetTrainer(GRPOTrainer):
+    """A ``GRPOTrainer`` whose loss is a raptb GFlowNet objective (module docstring).
+
+    Takes ``GRPOTrainer``'s arguments with ``args`` a :class:`GFlowNetConfig`, plus
+
+    prefix_reward_func: task reward S_k of every prefix of a completion (TRL's reward-function
+        signature, called on (prompt, prefix) pairs); None: u_k = 0 before the stop.
+    replay_similarity: SubM's similarity of two lists of completion texts; None: Jaccard on
+        ``args.subm_shingles`` shingles.
+    """
+
+    _tag_names: ClassVar[list[str]] = ["trl", "raptb", "gflownet"]
+    _name = "GFlowNet"
+
+    def __init__(
+        self,
+        *args: Any,
+        prefix_reward_func: PrefixRewardFunc | None = None,
+        replay_similarity: SimilarityFunc | None = None,
+        **kwargs: Any,
+    ) -> None:
+        config = kwargs.get("args", args[2] if len(args) > 2 else None)
+        if not isinstance(config, GFlowNetConfig):
+            raise TypeError("GFlowNetTrainer: args must be a GFlowNetConfig")
+        if kwargs.get("optimizers", (None, None))[0] is not None:
+            raise ValueError(
+                "GFlowNetTrainer: optimizers cannot be passed; the trainer builds TRL's optimizer "
+                "with logZ in a group of its own (lr args.log_z_lr)"
+            )
+        if kwargs.get("tools") or kwargs.get("environment_factory"):
+            raise ValueError(
+                "GFlowNetTrainer: tools and environments are not supported (tool outputs inside a "
+                "completion are not the policy's actions)"
+            )
+        # TRL keeps a reference model (or the PEFT base) only when its KL weight is non-zero;
+        # here the reference enters the log-reward through kappa, and the KL term is never used.
+        config.beta = 1.0 if config.kappa > 0 else 0.0
+        try:
+            super().__init__(*args, **kwargs)
+        finally:
+            config.beta = 0.0
+        self.beta = 0.0  # TRL's own reference pass and KL metrics are skipped
+        if self._is_vlm:
+            raise ValueError("GFlowNetTrainer: vision-language models are not supported")
+        self.gfn_args = config
+        self.stop_ids = list(dict.fromkeys(int(i) for i in self.eos_token_ids))
+        self.prefix_reward_func = prefix_reward_func
+        self.log_z = torch.nn.Parameter(
+            torch.tensor(config.log_z_init, dtype=torch.float32, device=self.accelerator.device)
+        )
+        if self.accelerator.num_processes > 1:
+            # logZ lives outside the wrapped model, so its gradient is averaged here
+            self.log_z.register_post_accumulate_grad_hook(_average_over_processes)
+        self.buffer = self._build_buffer(replay_similarity)
+        self.replay_rng = np.random.default_rng([config.seed, self.accelerator.process_index])
+        self._objective: tuple[int, Objective] | None = None
+        self._completion_rewards: torch.Tensor | None = None
+
+    # --- construction ------------------------------------------------------------------------
+
+    def _build_buffer(self, similarity: SimilarityFunc | None) -> ReplayBuffer | None:
+        kind = self.gfn_args.replay
+        if kind == "none":
+            return None
+        kwargs = self.gfn_args.buffer_kwargs()
+        if kind == "subm" and similarity is not None:
+            kwargs["similarity"] = CallableSimilarity(similarity)
+            kwargs["shingle_on"] = "text"
+        return make_buffer(kind, **kwargs)
+
+    def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
+        optimizer = super().create_optimizer(model)
+        if not any(p is self.log_z for g in optimizer.param_groups for p in g["params"]):
+            optimizer.add_param_group(
+                {"params": [self.log_z], "lr": self.gfn_args.log_z_lr, "weight_decay": 0.0}
+            )
+        return optimizer
+
+    def objective(self) -> Objective:
+        """The core objective, its schedules over this run's ``max_steps``."""
+        horizon = max(int(self.state.max_steps), 0)
+        if self._objective is None or self._objective[0] != horizon:
+            self._objective = (horizon, self.gfn_args.objective(horizon))
+        return self._objective[1]
+
+    # --- generation batch -> prefix layout -----------------------------------------------------
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(
+            inputs, prompts, completions, completion_ids_list
+        )
+        # as TRL sums them for its logs; a completion no function scores counts as reward 0
+        weights = self.reward_weights.to(rewards_per_func.device)
+        summed = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
+        start = self.accelerator.process_index * len(prompts)
+        self._completion_rewards = summed[start : start + len(prompts)]
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        if self._completion_rewards is None:
+            raise RuntimeError("GFlowNetTrainer: TRL did not score the completions")
+        rewards = self._completion_rewards.double().cpu().numpy()
+        self._completion_rewards = None
+        prompt_ids, prompt_mask = output["prompt_ids"], output["prompt_mask"]
+        keys = self._tokenizer.batch_decode(
+            [ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask, strict=True)]
+        )
+        training = self.model.training
+        draw = ReplayDraw((), ())
+        if training and self.buffer is not None:
+            fraction = self.gfn_args.replay_fraction_at(
+                self.state.global_step, self.state.max_steps
+            )
+            draw = draw_replay(self.buffer, keys, fraction, self.replay_rng)
+        completion_ids, completion_mask = splice_completions(
+            output["completion_ids"],
+            output["completion_mask"],
+            draw,
+            stop_id=self.stop_ids[0],
+            pad_id=self._tokenizer.pad_token_id,
+            max_completion_length=self.max_completion_length,
+        )
+        length = trajectory_lengths(completion_ids, completion_mask, self.stop_ids)
+        rows = [
+            tuple(ids[:n].tolist()) for ids, n in zip(completion_ids, length.tolist(), strict=True)
+        ]
+        texts = self._tokenizer.batch_decode(rows, skip_special_tokens=True)
+        width = completion_ids.shape[1] + 1
+        u = stored_u(draw, self._task_rewards(inputs, rows, rewards, width))
+        log_r = torch.as_tensor(u, dtype=torch.float32, device=completion_ids.device)
+        if self.gfn_args.kappa > 0:
+            prior = self._reference_log_prob(
+                prompt_ids, prompt_mask, completion_ids, completion_mask, length
+            )
+            log_r = log_r + self.gfn_args.kappa * prior / self.gfn_args.reward_temperature
+        if training and self.buffer is not None:
+            replayed = set(draw.rows)
+            kept = [b for b in range(len(rows)) if b not in replayed]
+            self.buffer.add(self._replay_items(kept, keys, rows, texts, rewards, u, log_r))
+            mode_metrics = self._metrics["train"]
+            mode_metrics["gflownet/replayed_fraction"].append(len(draw.rows) / len(rows))
+            mode_metrics["gflownet/buffer_size"].append(float(len(self.buffer)))
+        return {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "completion_ids": completion_ids,
+            "completion_mask": completion_mask,
+            "gfn_length": length,
+            "gfn_u": torch.as_tensor(u, dtype=torch.float32, device=completion_ids.device),
+            "gfn_log_r": log_r,
+        }
+
+    def _task_rewards(
+        self,
+        inputs: list[dict[str, Any]],
+        rows: list[tuple[int, ...]],
+        rewards: np.ndarray,
+        width: int,
+    ) -> np.ndarray:
+        """u [B, width] (float64): reward_scale * S_k / T_R at every prefix k <= tau, 0 after."""
+        scores = np.zeros((len(rows), width))
+        scores[np.arange(len(rows)), [len(r) for r in rows]] = rewards
+        if self.prefix_reward_func is not None:
+            pairs = [(b, k) for b, r in enumerate(rows) for k in range(len(r))]
+            if pairs:
+                texts = self._tokenizer.batch_decode(
+                    [rows[b][:k] for b, k in pairs], skip_special_tokens=True
+                )
+                prompts = [inputs[b]["prompt"] for b, _ in pairs]
+                if is_conversational({"prompt": prompts[0]}):
+                    texts = [[{"role": "assistant", "content": t}] for t in texts]
+                columns = {
+                    key: [inputs[b][key] for b, _ in pairs]
+                    for key in inputs[0]
+                    if key not in ("prompt", "completion", "completion_ids")
+                }
+                values = self.prefix_reward_func(prompts=prompts, completions=texts, **columns)
+                prefix = np.array([np.nan if v is None else float(v) for v in values])
+                if prefix.shape != (len(pairs),) or not np.all(np.isfinite(prefix)):
+                    raise ValueError(
+                        f"prefix_reward_func: expected {len(pairs)} finite rewards, got {values!r}"
+                    )
+                index = tuple(np.array(pairs).T)
+                scores[index] = prefix
+        return self.gfn_args.reward_scale * scores / self.gfn_args.reward_temperature
+
+    @torch.no_grad()
+    def _reference_log_prob(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        completion_ids: torch.Tensor,
+        completion_mask: torch.Tensor,
+        length: torch.Tensor,
+    ) -> torch.Tensor:
+        """log P_ref(prefix_k + stop) [B, C+1] under the model TRL keeps as the reference."""
+        batch = (prompt_ids, prompt_mask, completion_ids, completion_mask, length, self.stop_ids)
+        if self.ref_model is not None:
+            ref_pf, ref_pterm = prefix_log_probs(self.ref_model, *batch)
+        else:
+            model = self.accelerator.unwrap_model(self.model)
+            with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
+                ref_pf, ref_pterm = prefix_log_probs(self.model, *batch)
+        return stop_log_prob(ref_pf, ref_pterm, length)
+
+    def _replay_items(
+        self,
+        kept: list[int],
+        keys: list[str],
+        rows: list[tuple[int, ...]],
+        texts: list[str],
+        rewards: np.ndarray,
+        u: np.ndarray,
+        log_r: torch.Tensor,
+    ) -> list[ReplayItem]:
+        threshold = self.gfn_args.replay_valid_min_reward
+        log_r_host = log_r.double().cpu().numpy()
+        return [
+            ReplayItem(
+                prompt=keys[b],
+                tokens=rows[b],
+                text=texts[b],
+                log_r=log_r_host[b, : len(rows[b]) + 1],
+                u=u[b, : len(rows[b]) + 1],
+                valid=threshold is None or bool(rewards[b] >= threshold),
+                score=float(rewards[b]),
+            )
+            for b in kept
+        ]
+
+    # --- loss ----------------------------------------------------------------------------------
+
+    def _compute_loss(self, model, inputs):
+        length = inputs["gfn_length"]
+        with self.accelerator.autocast():
+            log_pf, log_pterm = prefix_log_probs(
+                model,
+                inputs["prompt_ids"],
+                inputs["prompt_mask"],
+                inputs["completion_ids"],
+                inputs["completion_mask"],
+                length,
+                self.stop_ids,
+            )
+        batch = PrefixBatch(log_pf, log_pterm, inputs["gfn_log_r"], inputs["gfn_u"], length)
+        loss, diagnostics = self.objective()(batch, self.log_z, self.state.global_step)
+        mode = "train" if self.model.training else "eval"
+        for key, value in diagnostics.items():
+            self._metrics[mode][f"gflownet/{key}"].append(value)
+        if mode == "train":
+            loss = loss / self.current_gradient_accumulation_steps
+        return loss
+
+    # --- checkpoints ---------------------------------------------------------------------------
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        folder = os.path.join(
+            self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        )
+        state = {
+            "log_z": self.log_z.detach().cpu().clone(),
+            "buffer": None if self.buffer is None else self.buffer.state_dict(),
+            "replay_rng": self.replay_rng.bit_generator.state,
+        }
+        torch.save(
+            state, os.path.join(folder, STATE_FILE.format(rank=self.accelerator.process_index))
+        )
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        path = os.path.join(checkpoint, STATE_FILE.format(rank=self.accelerator.process_index))
+        # our own file, written by _save_checkpoint: numpy arrays and plain values
+        state = torch.load(path, weights_only=False)
+        with torch.no_grad():
+            self.log_z.copy_(state["log_z"])
+        if self.buffer is not None and state["buffer"] is not None:
+            self.buffer.load_state_dict(state["buffer"])
+        self.replay_rng.bit_generator.state = state["replay_rng"]
+
+
+def _average_over_processes(param: torch.Tensor) -> None:
+    torch.distributed.all_reduce(param.grad, op=torch.distributed.ReduceOp.AVG)

@@ -1,0 +1,49 @@
+"""The TRL versions this integration is tested with, and the TRL internals it relies on.
+
+``GFlowNetTrainer`` subclasses TRL's ``GRPOTrainer`` and overrides or calls the private methods
+and attributes below, whose signatures and behaviour were read from TRL 1.16.0. They may change in
+any TRL release, so the integration refuses another version with a one-line error
+(``check_trl_version``) until it has been tested against it.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from packaging.version import Version
+
+TESTED_TRL = (Version("1.16"), Version("1.17"))
+"""[low, high): the TRL releases the tests pass with (the ``trl`` extra pins the same range)."""
+
+TRL_VERSION_READ = "1.16.0"
+"""The TRL release whose source the overridden internals were read from."""
+
+OVERRIDDEN_TRL_INTERNALS = (
+    "GRPOTrainer._generate_and_score_completions (wrapped: replay splice, rewards, reference)",
+    "GRPOTrainer._calculate_rewards (wrapped: keeps the summed reward of each completion)",
+    "GRPOTrainer._compute_loss (replaced: the GFlowNet objective)",
+    "GRPOTrainer._save_checkpoint (extended: logZ, replay buffer and sampler state)",
+    "GRPOTrainer._load_optimizer_and_scheduler (extended: restores them on resume)",
+    "Trainer.create_optimizer (extended: logZ's own parameter group)",
+    "Trainer._get_output_dir (called: the checkpoint folder)",
+    "GRPOTrainer.eos_token_ids, .ref_model, .reward_weights, .max_completion_length, ._metrics, "
+    "._tokenizer, ._is_vlm, .beta, and Trainer.current_gradient_accumulation_steps (read; .beta "
+    "set to 0 after construction)",
+    "trl.trainer.utils.use_adapter (called: the PEFT reference)",
+)
+"""The private TRL methods and attributes this integration overrides or reads."""
+
+
+def check_trl_version() -> str:
+    """The installed TRL version; ImportError (one line) when TRL is missing or untested."""
+    try:
+        installed = version("trl")
+    except PackageNotFoundError:
+        raise ImportError("raptb.integrations.trl needs TRL: pip install 'raptb[trl]'") from None
+    low, high = TESTED_TRL
+    if not low <= Version(installed) < high:
+        raise ImportError(
+            f"raptb.integrations.trl is tested with trl>={low},<{high}, found trl {installed}: "
+            f"pip install 'raptb[trl]'"
+        )
+    return installed

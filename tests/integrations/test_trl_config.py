@@ -1,0 +1,69 @@
+"""GFlowNetConfig's validation and objective mapping, and the TRL version gate."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pytest
+
+pytest.importorskip("trl")
+
+from raptb.core.objectives import objective_by_name
+from raptb.core.schedules import LinearSchedule
+from raptb.integrations.trl import GFlowNetConfig, versions
+
+CPU = {"output_dir": "unused", "report_to": [], "bf16": False, "use_cpu": True}
+
+
+def test_an_untested_trl_version_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert versions.check_trl_version().startswith("1.16")
+    monkeypatch.setattr(versions, "version", lambda name: "1.17.0")
+    with pytest.raises(ImportError) as info:
+        versions.check_trl_version()
+    message = str(info.value)
+    assert "\n" not in message and "trl>=1.16,<1.17" in message and "1.17.0" in message
+
+
+@pytest.mark.parametrize(
+    ("overrides", "names"),
+    [
+        ({"beta": 0.04}, "beta"),
+        ({"mask_truncated_completions": True}, "mask_truncated_completions"),
+        ({"loss": "ppo"}, "loss"),
+        ({"replay": "oracle"}, "replay"),
+        ({"eta": -1.0}, "eta"),
+        ({"replay_fraction": 1.5}, "replay_fraction"),
+        ({"reward_temperature": 0.0}, "reward_temperature"),
+    ],
+)
+def test_invalid_settings_fail_at_construction(overrides: dict, names: str) -> None:
+    with pytest.raises(ValueError, match=names):
+        GFlowNetConfig(**CPU, **overrides)
+
+
+def test_the_objective_is_the_core_one_with_the_configured_hyperparameters() -> None:
+    args = GFlowNetConfig(
+        **CPU, loss="raptb", soft_beta=5.0, rho=0.1, alpha=0.5, k_min=5, k_min_end=2, eta=0.3
+    )
+    want = objective_by_name(
+        "raptb",
+        beta=5.0,
+        rho=0.1,
+        alpha=0.5,
+        eta=0.3,
+        k_min=LinearSchedule(5, 2, 100, integer=True),
+    )
+    assert args.objective(100) == want
+    subtb = GFlowNetConfig(**CPU, loss="subtb", subtb_normalization="batch")
+    assert subtb.objective(10) == objective_by_name("subtb", normalization="batch")
+    assert args.replay_fraction_at(0, 100) == 0.5
+    assert args.replay_fraction_at(100, 100) == 0.25
+
+
+def test_every_new_field_is_documented_once_in_the_class_docstring() -> None:
+    doc = GFlowNetConfig.__doc__ or ""
+    new = [f for f in fields(GFlowNetConfig) if f.name in GFlowNetConfig.__annotations__]
+    assert len(new) > 20
+    for f in new:
+        assert doc.count(f"\n        {f.name} (`") == 1, f.name
+        assert f.metadata["help"].split()[0] in doc
