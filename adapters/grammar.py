@@ -116,8 +116,8 @@ class GrammarBatch:
 
     def next_bitmask(self) -> torch.Tensor:
         """``next_mask()`` packed: int32 [B, W] (module docstring), every row filled, refilled
-        only after an accept, a reset or a ``fill_bitmask``. The batch's own buffer: read it (or
-        copy it), do not write to it."""
+        only after an accept or a reset. The batch's own buffer: read it (or copy it), do not
+        write to it."""
         if self._stale:
             self._batch.batch_fill_next_token_bitmask(self._matchers, self._bitmask)
             self._stale = False
@@ -129,7 +129,6 @@ class GrammarBatch:
         matchers = [self._matchers[row] for row in rows]
         if matchers:
             self._batch.batch_fill_next_token_bitmask(matchers, self._bitmask, list(rows))
-        self._stale = True  # the rows left out may be out of date
         return self._bitmask
 
     def allowed_mask(self) -> torch.Tensor:
