@@ -132,6 +132,7 @@ class StaticDecoder:
         self.moved = torch.full((rows,), -1, dtype=torch.long, device=device)
         self.cuda = device.type == "cuda"
         self.moved_host = torch.empty(rows, dtype=torch.long, pin_memory=self.cuda)
+        self.moved_ready = torch.cuda.Event() if self.cuda else None
         self.graphs: tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph] | None = None
         self.graphs_failed = False
 
@@ -236,11 +237,10 @@ class StaticDecoder:
                 self._sample_part()
                 self._forward_part()
             torch.cuda.current_stream().wait_stream(side)
-            pool = torch.cuda.graph_pool_handle()
             sample, forward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-            with torch.cuda.graph(sample, pool=pool):
+            with torch.cuda.graph(sample):
                 self._sample_part()
-            with torch.cuda.graph(forward, pool=pool):
+            with torch.cuda.graph(forward):
                 self._forward_part()
             self.graphs = (sample, forward)
         except RuntimeError as exc:
@@ -264,16 +264,15 @@ class StaticDecoder:
 
     def request_moved(self) -> None:
         """Start copying ``moved`` to the host (non-blocking from the device to pinned memory)."""
-        if self.cuda:
+        if self.moved_ready is not None:
             self.moved_host.copy_(self.moved, non_blocking=True)
-            self._moved_ready = torch.cuda.Event()
-            self._moved_ready.record()
+            self.moved_ready.record()
 
     def moved_rows(self, n: int) -> list[int]:
         """The step's one host synchronisation: the token each of the first n rows moved by, -1
         where it did not move (after ``request_moved``)."""
-        if self.cuda:
-            self._moved_ready.synchronize()
+        if self.moved_ready is not None:
+            self.moved_ready.synchronize()
             return self.moved_host[:n].tolist()
         return self.moved[:n].tolist()
 
@@ -288,10 +287,11 @@ class StaticDecoder:
 
 class StaticDecoders:
     """A policy's decoders by (bucket rows, prompt positions, max_length), at most
-    ``MAX_DECODERS``, rebuilt when the model's first parameter is no longer the same storage."""
+    ``MAX_DECODERS``; all dropped when the model, or its first parameter's storage, changes."""
 
     def __init__(self) -> None:
-        self._decoders: OrderedDict[tuple[int, ...], StaticDecoder] = OrderedDict()
+        self._decoders: OrderedDict[tuple[int, int, int], StaticDecoder] = OrderedDict()
+        self._weights: tuple[int, int] | None = None
 
     def get(
         self,
@@ -305,8 +305,11 @@ class StaticDecoders:
         pad_id: int,
     ) -> StaticDecoder:
         """The decoder of ``rows`` x (``prompt_len`` + ``max_length``), built on first use."""
-        first = next(model.parameters())
-        key = (rows, prompt_len, max_length, first.data_ptr(), id(model))
+        weights = (id(model), next(model.parameters()).data_ptr())
+        if weights != self._weights:
+            self._decoders.clear()
+            self._weights = weights
+        key = (rows, prompt_len, max_length)
         if key not in self._decoders:
             self._decoders[key] = StaticDecoder(
                 model, rows, prompt_len, max_length, sub_ids, stop_id=stop_id, pad_id=pad_id
@@ -315,10 +318,6 @@ class StaticDecoders:
                 self._decoders.popitem(last=False)
         self._decoders.move_to_end(key)
         return self._decoders[key]
-
-    def clear(self) -> None:
-        """Drop every decoder (their caches and graphs)."""
-        self._decoders.clear()
 
 
 @torch.no_grad()

@@ -135,6 +135,13 @@ def test_static_sees_weights_updated_in_place() -> None:
     assert len(policy.decoders._decoders) == 1  # the same decoder, not a rebuilt one
     assert_same_rollout(static, eager)
     assert not torch.allclose(before.log_pterm, static.log_pterm, atol=1e-3)
+    # weights in new storage (a CUDA graph would still read the old): the decoders are rebuilt
+    built = next(iter(policy.decoders._decoders.values()))
+    first = next(policy.model.parameters())
+    first.data = first.data.clone()
+    again, _ = sample(policy, "static", PROMPT, 12, 0, **kwargs)
+    assert_same_rollout(again, static)
+    assert [d is built for d in policy.decoders._decoders.values()] == [False]
 
 
 @pytest.mark.parametrize("model", ["tiny", "llama-lora"])
