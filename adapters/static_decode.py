@@ -15,7 +15,8 @@ unmasked log-probs (``token_log_probs``) and the same random draws. Only how a s
   prefix's logits). The draw is ``argmax(p / q)`` with q ~ Exp(1) drawn by
   ``q.exponential_(generator=...)`` over the n real rows: what ``torch.multinomial(p, 1)``
   computes, so both paths consume the generator alike and draw the same tokens;
-- on CUDA each part is captured once per decoder as a CUDA graph (``torch.cuda.CUDAGraph``). A
+- on CUDA each part is captured once per decoder as a CUDA graph (``torch.cuda.CUDAGraph``),
+  at its second rollout, so that a shape used once (an odd prompt length) costs no capture. A
   step is then: one non-blocking copy of the packed grammar mask (pinned) to the device, the draw
   of q, two replays and one host synchronisation (the drawn tokens, which the grammar matchers
   need). The forward is replayed before the host waits, so the host accepts the tokens and fills
@@ -135,6 +136,7 @@ class StaticDecoder:
         self.moved_ready = torch.cuda.Event() if self.cuda else None
         self.graphs: tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph] | None = None
         self.graphs_failed = False
+        self.rollouts = 0
 
     def start(
         self,
@@ -173,6 +175,7 @@ class StaticDecoder:
         self.active[:n] = True
         self.step.zero_()
         self.min_length.fill_(min_length)
+        self.rollouts += 1
         self.tokens.fill_(self.pad_id)
         self.length.fill_(self.max_length)
         self.log_pf.zero_()
@@ -367,7 +370,7 @@ def static_rollout(
     try:
         tic = time.perf_counter()
         decoder.start(prompts, temp, min_length)
-        if decoder.cuda and decoder.graphs is None and decoder.capture():
+        if decoder.rollouts > 1 and decoder.graphs is None and decoder.capture():
             decoder.start(prompts, temp, min_length)
         model_s += time.perf_counter() - tic
         # on CUDA the forward runs on the device while the host fills the next grammar mask

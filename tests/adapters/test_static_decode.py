@@ -120,6 +120,10 @@ def test_rollouts_sharing_a_decoder_equal_eager() -> None:
         eager, _ = sample(policy, "eager", PROMPT, n, seed, **kwargs)
         static, _ = sample(policy, "static", PROMPT, n, seed, **kwargs)
         assert_same_rollout(static, eager)
+    # the CPU never takes the CUDA-graph code, however often a decoder is used
+    (decoder,) = policy.decoders._decoders.values()
+    assert decoder.rollouts == 3 and decoder.graphs is None and decoder.moved_ready is None
+    assert not decoder.capture()
 
 
 def test_static_sees_weights_updated_in_place() -> None:
