@@ -346,11 +346,11 @@ def static_rollout(
     start = time.perf_counter()
     model_s = grammar_s = 0.0
     device = policy.device
-    texts = [prompt] * n if isinstance(prompt, str) else list(prompt)
-    if len(texts) != n:
-        raise ValueError(f"prompt: expected one text or {n} texts, got {len(texts)}")
-    encoded = {text: policy.prompt_ids(text) for text in dict.fromkeys(texts)}
-    prompts = [encoded[text] for text in texts]
+    prompt_texts = [prompt] * n if isinstance(prompt, str) else list(prompt)
+    if len(prompt_texts) != n:
+        raise ValueError(f"prompt: expected one text or {n} texts, got {len(prompt_texts)}")
+    encoded = {text: policy.prompt_ids(text) for text in dict.fromkeys(prompt_texts)}
+    prompts = [encoded[text] for text in prompt_texts]
     prompt_len = max(len(ids) for ids in prompts)
     policy.check_positions(prompt_len, max_length)
     temp = row_temperatures(temperature, n)

@@ -18,7 +18,8 @@ with no grammar, every non-special token legal and min_length = max_length = T f
 
 For each number of rows, the two decoding paths (``sampling.decode`` "eager" and "static") alternate
 on the same policy, one rollout each per repeat with the same generator seed, so both see the same
-machine load; repeat 0 warms up (and, on CUDA, captures the static path's graphs) and is not timed.
+machine load; the first ``WARMUP`` repeats are not timed (on CUDA the static path captures its
+graphs at a decoder's second rollout).
 Each rollout is closed by a device synchronisation. The static rollout is compared with the eager
 one: on the CPU they must have the same tokens and log-probs within 1e-5 (else the script stops);
 on a GPU the number of identical rollouts and the largest log-prob difference are reported. Per
@@ -68,6 +69,7 @@ from raptb.core.ports import Task
 
 DECODES = ("eager", "static")
 TOLERANCE = 1e-5
+WARMUP = 2
 
 
 def sync() -> None:
@@ -159,7 +161,8 @@ def measure(
     tokens = steps = identical = 0
     worst = 0.0
     last: dict[str, Rollout] = {}
-    for repeat in range(args.repeats + 1):
+    for repeat in range(args.repeats + WARMUP):
+        timed = repeat >= WARMUP
         for name in DECODES:
             policy.decode = name
             generator = torch.Generator(device=device).manual_seed(repeat)
@@ -175,7 +178,7 @@ def measure(
                 generator=generator,
             )
             sync()
-            if repeat:
+            if timed:
                 seconds[name].append(time.perf_counter() - start)
                 grammar_s[name].append(last[name].timings.grammar_s)
                 if torch.cuda.is_available():
@@ -185,7 +188,7 @@ def measure(
             raise SystemExit(f"rows {rows}, repeat {repeat}: static and eager rollouts differ")
         difference = max_difference(last["static"], last["eager"])
         worst = max(worst, difference or 0.0)
-        if repeat:
+        if timed:
             identical += same
             tokens += int(last["eager"].length.sum())
             steps += max(1, int(last["eager"].length.max()))
