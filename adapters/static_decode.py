@@ -228,11 +228,22 @@ class StaticDecoder:
         self.logits.copy_(out.logits[:, -1, :])
         self.position_ids.add_(1)
 
-    def capture(self) -> bool:
-        """On CUDA, capture both parts as graphs once (after a ``start``, whose state it spoils:
-        ``start`` again before decoding). Whether graphs are in use."""
-        if not self.cuda or self.graphs is not None or self.graphs_failed or not self.max_length:
-            return self.graphs is not None
+    def wants_capture(self) -> bool:
+        """Whether ``capture`` would capture now: on CUDA only, from the decoder's second rollout
+        on, once (a failed capture is not retried), and only if there are steps to capture."""
+        return (
+            self.cuda
+            and self.graphs is None
+            and not self.graphs_failed
+            and self.rollouts > 1
+            and self.max_length > 0
+        )
+
+    def capture(self) -> None:
+        """Capture both parts as CUDA graphs (when ``wants_capture``; after a ``start``). Warming
+        up and capturing spoil the rollout's state even when capturing fails: ``start`` again."""
+        if not self.wants_capture():
+            return
         try:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -249,7 +260,6 @@ class StaticDecoder:
         except RuntimeError as exc:
             self.graphs_failed = True
             _log.warning("static decode: CUDA graph capture failed (%s); stepping without", exc)
-        return self.graphs is not None
 
     def sample(self) -> None:
         """One ``sample`` part: a graph replay on CUDA, the operations themselves elsewhere."""
@@ -370,7 +380,8 @@ def static_rollout(
     try:
         tic = time.perf_counter()
         decoder.start(prompts, temp, min_length)
-        if decoder.rollouts > 1 and decoder.graphs is None and decoder.capture():
+        if decoder.wants_capture():
+            decoder.capture()
             decoder.start(prompts, temp, min_length)
         model_s += time.perf_counter() - tic
         # on CUDA the forward runs on the device while the host fills the next grammar mask

@@ -8,6 +8,10 @@ after it.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from types import SimpleNamespace
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -123,7 +127,33 @@ def test_rollouts_sharing_a_decoder_equal_eager() -> None:
     # the CPU never takes the CUDA-graph code, however often a decoder is used
     (decoder,) = policy.decoders._decoders.values()
     assert decoder.rollouts == 3 and decoder.graphs is None and decoder.moved_ready is None
-    assert not decoder.capture()
+    assert not decoder.wants_capture()
+
+
+def test_cuda_schedule_and_a_failed_capture_equal_eager(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the CUDA schedule run on the CPU: a decoder marked as CUDA replays the forward before it
+    # reads the drawn tokens and, at its second rollout, warms up (spoiling the rollout's state)
+    # and tries to capture; CUDAGraph cannot be built here, as a capture can fail on a GPU, and
+    # the rollout must start again clean and equal the eager one
+    policy = make_policy(GRAMMAR, seed=3, logit_scale=4.0)
+    kwargs = {"min_length": 1, "max_length": 9}
+    sample(policy, "static", PROMPT, 8, 0, **kwargs)
+    (decoder,) = policy.decoders._decoders.values()
+    decoder.cuda = True
+    side = SimpleNamespace(wait_stream=lambda stream: None)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: side)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: side)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    with caplog.at_level(logging.WARNING, logger="raptb.adapters.static_decode"):
+        for seed in (1, 2):
+            eager, eager_state = sample(policy, "eager", PROMPT, 8, seed, **kwargs)
+            static, static_state = sample(policy, "static", PROMPT, 8, seed, **kwargs)
+            assert_same_rollout(static, eager)
+            assert torch.equal(static_state, eager_state)
+    assert decoder.graphs_failed and decoder.graphs is None
+    assert caplog.text.count("CUDA graph capture failed") == 1  # tried once, not retried
 
 
 def test_static_sees_weights_updated_in_place() -> None:
