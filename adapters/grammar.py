@@ -9,9 +9,13 @@ sentence of the grammar.
 
 ``GrammarBatch`` holds one matcher per rollout row. Masks are returned over the sub-vocabulary:
 ``allowed_mask()`` is a bool tensor [B, L] (column j = legal_ids[j]), ``stop_mask()`` a bool
-tensor [B], and ``next_mask()`` both side by side, [B, L + 1]. Compiled grammars are cached per
-(sub-vocabulary texts, grammar text), which is all a compilation depends on, so every tokenizer
-with the same legal texts shares one compilation.
+tensor [B], and ``next_mask()`` both side by side, [B, L + 1]. ``next_bitmask()`` and
+``fill_bitmask(rows)`` give the same masks packed, as xgrammar fills them: int32 [B, W],
+W = ceil((L + 1) / 32), bit j % 32 of word j // 32 for sub-id j, filled for all rows at once in
+xgrammar's C++ (``BatchGrammarMatcher``, ``max_threads`` threads), in a buffer that can be pinned
+so that one non-blocking copy per step moves it to the GPU, where ``unpack_bitmask`` expands it.
+Compiled grammars are cached per (sub-vocabulary texts, grammar text), which is all a compilation
+depends on, so every tokenizer with the same legal texts shares one compilation.
 """
 
 from __future__ import annotations
@@ -42,10 +46,23 @@ def compile_grammar(texts: tuple[str, ...], grammar: str) -> xgr.CompiledGrammar
         raise ValueError(f"grammar: not a valid EBNF grammar ({exc})") from exc
 
 
+def packed_width(width: int) -> int:
+    """Int32 words of a packed mask over ``width`` tokens: ceil(width / 32)."""
+    return (width + 31) // 32
+
+
+def unpack_bitmask(bitmask: torch.Tensor, width: int) -> torch.Tensor:
+    """Bool [B, width] from a packed int32 bitmask [B, ceil(width / 32)] (bit j % 32 of word
+    j // 32 is token j), on the bitmask's device."""
+    bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    return ((bitmask.unsqueeze(-1) >> bits) & 1).reshape(bitmask.shape[0], -1)[:, :width].bool()
+
+
 class GrammarBatch:
     """B grammar matchers over the legal sub-vocabulary, one per rollout row.
 
     legal_ids: full-vocabulary ids of the L legal tokens; texts: their in-context texts.
+    pin_memory: keep the packed bitmask in page-locked memory (for non-blocking copies to a GPU).
     """
 
     def __init__(
@@ -56,6 +73,7 @@ class GrammarBatch:
         batch_size: int,
         *,
         max_threads: int = 1,
+        pin_memory: bool = False,
     ) -> None:
         if len(legal_ids) != len(texts):
             raise ValueError(
@@ -69,8 +87,13 @@ class GrammarBatch:
         compiled = compile_grammar(tuple(texts), grammar)
         self._matchers = [xgr.GrammarMatcher(compiled) for _ in range(batch_size)]
         self._batch = xgr.BatchGrammarMatcher(max_threads)
-        self._bitmask = xgr.allocate_token_bitmask(batch_size, self.num_legal + 1)
-        self._bits = torch.arange(32, dtype=torch.int32)
+        # all bits set, as xgrammar allocates it: a row never filled allows everything
+        self._bitmask = torch.full(
+            (batch_size, packed_width(self.num_legal + 1)),
+            -1,
+            dtype=torch.int32,
+            pin_memory=pin_memory,
+        )
         self._stale = True
 
     @property
@@ -88,16 +111,25 @@ class GrammarBatch:
         column L: the text is complete, stop allowed), refilled only after an accept or reset.
         The tensor is the batch's own buffer: read it, do not write to it."""
         if self._stale:
-            self._batch.batch_fill_next_token_bitmask(self._matchers, self._bitmask)
-            self._unpacked = self.unpack(self._bitmask, self.num_legal + 1)
-            self._stale = False
+            self._unpacked = unpack_bitmask(self.next_bitmask(), self.num_legal + 1)
         return self._unpacked
 
-    def unpack(self, bitmask: torch.Tensor, width: int) -> torch.Tensor:
-        """Bool [B, width] from xgrammar's int32 bitmask [B, ceil(width / 32)] (bit j%32 of word
-        j//32 is token j)."""
-        bits = (bitmask.unsqueeze(-1) >> self._bits) & 1
-        return bits.reshape(bitmask.shape[0], -1)[:, :width].bool()
+    def next_bitmask(self) -> torch.Tensor:
+        """``next_mask()`` packed: int32 [B, W] (module docstring), every row filled, refilled
+        only after an accept or a reset. The batch's own buffer: read it (or copy it), do not
+        write to it."""
+        if self._stale:
+            self._batch.batch_fill_next_token_bitmask(self._matchers, self._bitmask)
+            self._stale = False
+        return self._bitmask
+
+    def fill_bitmask(self, rows: Sequence[int]) -> torch.Tensor:
+        """The packed buffer of ``next_bitmask()`` with the masks of ``rows`` filled now (one
+        batched call into xgrammar); the other rows keep whatever mask they held before."""
+        matchers = [self._matchers[row] for row in rows]
+        if matchers:
+            self._batch.batch_fill_next_token_bitmask(matchers, self._bitmask, list(rows))
+        return self._bitmask
 
     def allowed_mask(self) -> torch.Tensor:
         """Bool [B, L]: legal token j may follow each row's text and keep it a grammar prefix."""

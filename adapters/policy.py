@@ -32,6 +32,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from raptb.adapters.grammar import GrammarBatch
 from raptb.adapters.rollout import sample_rollout, token_log_probs
+from raptb.adapters.static_decode import DecodeMode, StaticDecoders, resolve_decode
 from raptb.adapters.tokens import token_texts
 from raptb.core.batch import PrefixBatch
 
@@ -52,6 +53,9 @@ class HFPolicy:
     grammar: EBNF (xgrammar dialect) the generated text must follow, or None.
     grammar_threads: threads xgrammar fills the B rows' masks with; more pay off only when the
         model step is fast (a GPU) and the legal vocabulary is large.
+    decode: how ``sample`` decodes: ``"eager"`` (``raptb.adapters.rollout``), ``"static"``
+        (``raptb.adapters.static_decode``: static KV cache, fixed batch buckets, CUDA graphs on a
+        GPU; the same rollouts), or ``"auto"``: static on CUDA, eager elsewhere.
     """
 
     def __init__(
@@ -63,6 +67,7 @@ class HFPolicy:
         stop_id: int,
         grammar: str | None = None,
         grammar_threads: int = 1,
+        decode: DecodeMode = "auto",
     ) -> None:
         vocab_size = int(model.get_output_embeddings().weight.shape[0])
         legal = [int(i) for i in legal_ids]
@@ -84,6 +89,10 @@ class HFPolicy:
         if grammar_threads < 1:
             raise ValueError(f"grammar_threads: must be >= 1, got {grammar_threads}")
         self.grammar_threads = int(grammar_threads)
+        resolve_decode(decode, torch.device("cpu"), sharded=False)  # ValueError for a bad name
+        self.decode: DecodeMode = decode
+        self.decoders = StaticDecoders()
+        """The static path's KV caches, buffers and CUDA graphs, kept between rollouts."""
         self.pad_id = self.stop_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
         self.texts = token_texts(tokenizer, legal)
         self._sub_of = {full: sub for sub, full in enumerate(legal)}
@@ -101,13 +110,24 @@ class HFPolicy:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @property
+    def decode_path(self) -> str:
+        """``"eager"`` or ``"static"``: the path ``sample`` takes now (``decode`` resolved on the
+        model's device; a model sharded across processes decodes eagerly)."""
+        return resolve_decode(self.decode, self.device, sharded=self.step_together is not None)
+
     def grammar_batch(self, n: int) -> GrammarBatch | None:
         """The grammar matchers of ``n`` rows (built once per ``n``), or None without a grammar."""
         if self.grammar is None:
             return None
         if n not in self._grammars:
             self._grammars[n] = GrammarBatch(
-                self.grammar, self.legal_ids, self.texts, n, max_threads=self.grammar_threads
+                self.grammar,
+                self.legal_ids,
+                self.texts,
+                n,
+                max_threads=self.grammar_threads,
+                pin_memory=self.device.type == "cuda",
             )
         return self._grammars[n]
 

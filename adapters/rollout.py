@@ -15,75 +15,16 @@ at every visited prefix (objectives.md): ``log_pf`` [B, T] (column t < tau: the 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from raptb.adapters.grammar import unpack_bitmask
+from raptb.adapters.rollout_record import Rollout, RolloutTimings, row_temperatures, token_log_probs
+from raptb.adapters.static_decode import static_rollout
+
 if TYPE_CHECKING:  # the policy calls this module; only its type is needed here
     from raptb.adapters.policy import HFPolicy
-
-
-@dataclass(frozen=True)
-class RolloutTimings:
-    """Wall-clock seconds of one rollout: model forwards, grammar masking and accepting, total."""
-
-    model_s: float
-    grammar_s: float
-    total_s: float
-
-
-@dataclass
-class Rollout:
-    """B sampled trajectories in the prefix layout (see the module docstring).
-
-    tokens: LongTensor [B, T], generated ids, ``pad_id`` after the stop.
-    length: LongTensor [B], tau (tokens before the stop).
-    log_pf: float32 [B, T]; log_pterm: float32 [B, T+1] (untempered, unmasked, 0 after tau).
-    texts: the generated text of each row, stop excluded (the concatenated in-context token texts,
-        i.e. exactly the text the grammar matched).
-    rows: the host copy of each row's generated ids x_1..x_tau (the texts are built from it).
-    """
-
-    tokens: torch.Tensor
-    length: torch.Tensor
-    log_pf: torch.Tensor
-    log_pterm: torch.Tensor
-    texts: list[str]
-    rows: list[tuple[int, ...]]
-    timings: RolloutTimings
-
-
-def token_log_probs(
-    logits: torch.Tensor, tokens: torch.Tensor, stop_id: int, temperature: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float32 log-softmax of ``logits`` [..., V] / ``temperature`` at ``tokens`` [...] and at
-    ``stop_id``.
-
-    Gathers then subtracts the log-normaliser instead of materialising the full log-softmax, and is
-    shared by rollout and rescoring so both round the same way. The GFlowNet objectives score the
-    untempered softmax (temperature 1, no division); the RL baselines score their sampling
-    temperature's, as TRL does (``app.rl_step``).
-    """
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    log_norm = torch.logsumexp(logits, dim=-1)
-    chosen = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - log_norm
-    return chosen, logits[..., stop_id] - log_norm
-
-
-def row_temperatures(temperature: float | torch.Tensor, n: int) -> torch.Tensor:
-    """The behaviour temperature of each of ``n`` rows, float32 [n] on the CPU; a float is shared
-    by every row. ValueError for a wrong shape or a value that is not finite and > 0."""
-    temp = torch.as_tensor(temperature, dtype=torch.float32).cpu()
-    if temp.ndim == 0:
-        temp = temp.expand(n)
-    if temp.shape != (n,):
-        raise ValueError(f"temperature: expected a float or shape [{n}], got {tuple(temp.shape)}")
-    if not bool(torch.all(torch.isfinite(temp) & (temp > 0))):
-        raise ValueError("temperature: every value must be finite and > 0")
-    return temp
 
 
 @torch.no_grad()
@@ -97,7 +38,20 @@ def sample_rollout(
     temperature: float | torch.Tensor = 1.0,
     generator: torch.Generator | None = None,
 ) -> Rollout:
-    """Draw ``n`` constrained trajectories of ``policy`` (the module docstring states the mask)."""
+    """Draw ``n`` constrained trajectories of ``policy`` (the module docstring states the mask).
+
+    The policy's ``decode_path`` "static" hands the rollout to ``static_rollout`` (same
+    rollouts, static shapes, CUDA graphs on a GPU)."""
+    if policy.decode_path == "static":
+        return static_rollout(
+            policy,
+            prompt,
+            n,
+            min_length=min_length,
+            max_length=max_length,
+            temperature=temperature,
+            generator=generator,
+        )
     if n < 1:
         raise ValueError(f"n: must be >= 1, got {n}")
     if not 0 <= min_length <= max_length:
@@ -148,8 +102,13 @@ def sample_rollout(
             rows: list[int] = []
             if not idle:
                 tic = time.perf_counter()
-                # [n, L + 1]: legal tokens, then "the text is complete"; one copy to the device
-                mask = free_mask if grammar is None else grammar.next_mask().to(device)
+                # [n, L + 1]: legal tokens, then "the text is complete"; one packed copy to the
+                # device (non-blocking from pinned memory on a GPU), unpacked there
+                if grammar is None:
+                    mask = free_mask
+                else:
+                    packed = grammar.next_bitmask().to(device, non_blocking=True)
+                    mask = unpack_bitmask(packed, num_legal + 1)
                 grammar_s += time.perf_counter() - tic
                 allowed = mask[:, :num_legal]
                 can_stop = mask[:, num_legal] & (k >= min_length)

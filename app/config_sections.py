@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from raptb.adapters.static_decode import DecodeMode
 from raptb.core.objectives import RapTB
 
 ReplayName = Literal["none", "rp", "prt", "subm", "oracle"]
@@ -114,6 +115,12 @@ class SamplingConfig(Section):
         0.666,
         description="Probability that an on-policy batch uses a temperature drawn from "
         "[T_lo, T_hi] (otherwise 1).",
+    )
+    decode: DecodeMode = Field(
+        "auto",
+        description="Rollout decoding: static (preallocated KV cache, fixed batch buckets, the "
+        "token step replayed as CUDA graphs on a GPU; the same rollouts as eager), eager (a "
+        "growing cache, step by step), or auto: static on CUDA, eager on the CPU.",
     )
 
 

@@ -44,10 +44,17 @@ def checkpoint_policy(
     checkpoint holds the adapter only, so the base model is rebuilt and the adapter loaded."""
     model = checkpoint / MODEL_DIR
     try:
+        decode = config.sampling.decode
         if is_adapter_folder(model):
             return build_policy(
-                config.model, task, config.seed, lora=config.lora, adapter=model, device=device
+                config.model,
+                task,
+                config.seed,
+                lora=config.lora,
+                adapter=model,
+                device=device,
+                decode=decode,
             )
-        return build_policy(str(model), task, config.seed, device=device)
+        return build_policy(str(model), task, config.seed, device=device, decode=decode)
     except ValueError as exc:
         raise EvalError(f"checkpoint: {checkpoint}: {exc}") from exc

@@ -26,6 +26,7 @@ from raptb.adapters.lora import apply_lora, load_adapter_weights, preferred_dtyp
 from raptb.adapters.models import load_model_and_tokenizer
 from raptb.adapters.policy import HFPolicy, default_grammar_threads
 from raptb.adapters.registry import task_spec
+from raptb.adapters.static_decode import DecodeMode
 from raptb.adapters.tokens import legal_token_ids, stop_token_id
 from raptb.app.config import LoraConfig, TrainConfig
 from raptb.app.reward_calls import RewardCaller
@@ -47,6 +48,7 @@ def build_policy(
     lora: LoraConfig | None = None,
     adapter: Path | None = None,
     device: torch.device | None = None,
+    decode: DecodeMode = "auto",
 ) -> HFPolicy:
     """The task's constrained policy on ``model_name`` ('tiny', 'smollm2-135m', a local directory
     or an HF id), on the GPU when there is one (bf16 where supported).
@@ -55,6 +57,7 @@ def build_policy(
         ``adapter``, a folder written by ``save_pretrained``, then supplies their trained weights.
     device: where the model lives (a launched process's own GPU); default the GPU when there is
         one, else the CPU.
+    decode: the rollout's decoding path (``sampling.decode``; ``HFPolicy``).
     """
     torch.manual_seed(seed)
     if device is None:
@@ -79,6 +82,7 @@ def build_policy(
         stop_id=stop_id,
         grammar=task.grammar,
         grammar_threads=default_grammar_threads(device),
+        decode=decode,
     )
 
 

@@ -130,7 +130,12 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.task = build_task(config)
         self.policy = build_policy(
-            config.model, self.task, config.seed, lora=config.lora, device=self.dist.device
+            config.model,
+            self.task,
+            config.seed,
+            lora=config.lora,
+            device=self.dist.device,
+            decode=config.sampling.decode,
         )
         self.rewards = RewardCaller(
             self.task,

@@ -1,38 +1,249 @@
-"""Time the constrained rollout against a baseline version of ``raptb.adapters.rollout``.
+"""Time the constrained rollout: eager against static decoding, and the old against the new grammar
+mask fill, side by side in one run.
 
 Usage (from the repository root):
 
-    git show main:adapters/rollout.py > /tmp/rollout_main.py
-    python benchmarks/rollout.py --baseline /tmp/rollout_main.py [--model tiny] [--rows 32] \
-        [--repeats 20] [--threads 1]
+    python benchmarks/rollout.py [--model tiny] [--task expr24] [--rows 32,128] [--repeats 20] \
+        [--threads 1] [--json FILE]
+    python benchmarks/rollout.py --model-config llama-1b --tokenizer DIR --task fixed \
+        --lengths 10,64 --rows 32,128,256 --repeats 5 --json FILE
+    python benchmarks/rollout.py --baseline FILE   # another version of raptb.adapters.rollout
 
-Builds an Expr24-style policy (digits and the four operators, the ``num (op num)*`` grammar, stop
-at EOS), then alternates the baseline's ``sample_rollout`` and the current one on the same
-policy, one rollout each per repeat, with the same generator seed per repeat, so both see the same
-machine load. Checks that both return the same tokens, lengths and log-probs bit for bit and
-prints the median milliseconds per rollout of each and their ratio.
+The policy is the one ``raptb train`` builds (``build_task``, ``build_policy``: the task's
+alphabet, grammar and stop token; LoRA for a pretrained model; bf16 on CUDA).
+``--model-config`` writes a random-weight model of that shape over the tokenizer in
+``--tokenizer DIR`` (``train_step.write_random_model``). ``--task fixed`` is ``train_step``'s task
+with no grammar, every non-special token legal and min_length = max_length = T for each T of
+``--lengths``, so every row has exactly T tokens; other tasks use their own lengths.
+
+For each number of rows, the two decoding paths (``sampling.decode`` "eager" and "static") alternate
+on the same policy, one rollout each per repeat with the same generator seed, so both see the same
+machine load; the first ``WARMUP`` repeats are not timed (on CUDA the static path captures its
+graphs at a decoder's second rollout).
+Each rollout is closed by a device synchronisation. The static rollout is compared with the eager
+one: on the CPU they must have the same tokens and log-probs within 1e-5 (else the script stops);
+on a GPU the number of identical rollouts and the largest log-prob difference are reported. Per
+path: median ms per rollout (``step_s``), ms per token step (the rollout over its longest row's
+length: one forward and one draw per step), generated tokens per second, the rollout's own grammar
+time, and peak ``torch.cuda.max_memory_allocated``.
+
+Grammar fill (tasks with a grammar): the masks of the last static rollout's rows are rebuilt step
+by step along its tokens, timing only the mask: "old" is ``GrammarBatch.next_mask().to(device)``
+(every row filled, unpacked on the host, a bool copy), "new" is the static path's
+``fill_bitmask(active rows)``, one non-blocking copy of the packed int32 mask and
+``unpack_bitmask`` on the device; ms per step, each step closed by a synchronisation.
+
+``--json FILE`` appends one record per (rows, T, path) to the list in FILE: ``device``, ``date``,
+``model``, ``task``, ``rows``, ``max_length``, ``decode``, ``decode_ms_per_token_step``,
+``tokens_per_s``, ``step_s`` (seconds per rollout), ``peak_mib`` (null on the CPU), and the
+measurement's details.
+
+``--baseline FILE`` instead alternates the ``sample_rollout`` of another version of
+``raptb.adapters.rollout`` (e.g. ``git show main:adapters/rollout.py > FILE``) with the current one
+on the eager path, requires bit-identical rollouts, and prints both medians.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib.util
+import json
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
+from train_step import FIXED_PROMPT, MODEL_CONFIGS, write_random_model
 
-from raptb.adapters.models import load_model_and_tokenizer
+from raptb.adapters.grammar import GrammarBatch, packed_width, unpack_bitmask
 from raptb.adapters.policy import HFPolicy
 from raptb.adapters.rollout import Rollout, sample_rollout
-from raptb.adapters.tokens import legal_token_ids, stop_token_id
+from raptb.app.config import build_config
+from raptb.app.runtime import build_policy, build_task
+from raptb.core.ports import Task
 
-GRAMMAR = 'root ::= num (op num)*\nnum ::= [1-9]\nop ::= "+" | "-" | "*" | "/"'
-ALPHABET = "123456789+-*/"
-PROMPT = "Make 24:"
+DECODES = ("eager", "static")
+TOLERANCE = 1e-5
+WARMUP = 2
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def build(args: argparse.Namespace, model: str, length: int | None) -> tuple[HFPolicy, Task]:
+    """The task and its policy as ``raptb train`` builds them (``length``: the fixed task's T)."""
+    overrides: dict[str, Any] = {"model": model, "task": args.task}
+    if args.task == "fixed":
+        overrides |= {
+            "task": "custom",
+            "custom.reward": "train_step:digit_reward",
+            "custom.prompts": [FIXED_PROMPT],
+            "custom.min_length": length,
+            "custom.max_length": length,
+        }
+    config = build_config(overrides=overrides)
+    task = build_task(config)
+    return build_policy(config.model, task, config.seed, lora=config.lora), task
+
+
+def same_rollout(a: Rollout, b: Rollout) -> bool:
+    return (
+        torch.equal(a.tokens, b.tokens)
+        and torch.equal(a.length, b.length)
+        and torch.allclose(a.log_pf, b.log_pf, rtol=0.0, atol=TOLERANCE)
+        and torch.allclose(a.log_pterm, b.log_pterm, rtol=0.0, atol=TOLERANCE)
+    )
+
+
+def max_difference(a: Rollout, b: Rollout) -> float | None:
+    """Largest |log-prob difference| of two rollouts with the same tokens, else None."""
+    if not (torch.equal(a.tokens, b.tokens) and torch.equal(a.length, b.length)):
+        return None
+    # log_pterm has T + 1 >= 1 columns, so the maximum is over a non-empty tensor
+    difference = torch.cat([(a.log_pf - b.log_pf).flatten(), (a.log_pterm - b.log_pterm).flatten()])
+    return float(difference.abs().max())
+
+
+def grammar_fill_ms(policy: HFPolicy, rollout: Rollout, device: torch.device) -> dict[str, float]:
+    """Median ms per step of the old and the new mask fill along ``rollout``'s rows (docstring)."""
+    assert policy.grammar is not None
+    rows = rollout.rows
+    n, width = len(rows), len(policy.legal_ids) + 1
+    cuda = device.type == "cuda"
+    grammar = GrammarBatch(
+        policy.grammar,
+        policy.legal_ids,
+        policy.texts,
+        n,
+        max_threads=policy.grammar_threads,
+        pin_memory=cuda,
+    )
+    on_device = torch.empty(n, packed_width(width), dtype=torch.int32, device=device)
+    times: dict[str, list[float]] = {"old": [], "new": []}
+    for variant in times:
+        grammar.reset()
+        for k in range(max(len(row) for row in rows) + 1):
+            active = [r for r in range(n) if k <= len(rows[r])]
+            sync()
+            start = time.perf_counter()
+            if variant == "old":
+                grammar.next_mask().to(device)
+            else:
+                on_device.copy_(grammar.fill_bitmask(active), non_blocking=True)
+                unpack_bitmask(on_device, width)
+            sync()
+            times[variant].append(time.perf_counter() - start)
+            movers = [r for r in active if k < len(rows[r])]
+            grammar.accept_many(movers, [rows[r][k] for r in movers])
+    return {name: statistics.median(values) * 1e3 for name, values in times.items()}
+
+
+def measure(
+    args: argparse.Namespace, policy: HFPolicy, task: Task, model_name: str, rows: int
+) -> list[dict[str, Any]]:
+    """The records of eager and static decoding of ``rows`` rows (module docstring)."""
+    device = policy.device
+    prompt = task.prompts()[0]
+    seconds: dict[str, list[float]] = {name: [] for name in DECODES}
+    grammar_s: dict[str, list[float]] = {name: [] for name in DECODES}
+    peak = dict.fromkeys(DECODES, 0.0)
+    tokens = steps = identical = 0
+    worst = 0.0
+    last: dict[str, Rollout] = {}
+    for repeat in range(args.repeats + WARMUP):
+        timed = repeat >= WARMUP
+        for name in DECODES:
+            policy.decode = name
+            generator = torch.Generator(device=device).manual_seed(repeat)
+            if torch.cuda.is_available():
+                torch.cuda.reset_peak_memory_stats()
+            sync()
+            start = time.perf_counter()
+            last[name] = policy.sample(
+                prompt,
+                rows,
+                min_length=task.min_length,
+                max_length=task.max_length,
+                generator=generator,
+            )
+            sync()
+            if timed:
+                seconds[name].append(time.perf_counter() - start)
+                grammar_s[name].append(last[name].timings.grammar_s)
+                if torch.cuda.is_available():
+                    peak[name] = max(peak[name], torch.cuda.max_memory_allocated() / 2**20)
+        same = same_rollout(last["static"], last["eager"])
+        if device.type == "cpu" and not same:
+            raise SystemExit(f"rows {rows}, repeat {repeat}: static and eager rollouts differ")
+        difference = max_difference(last["static"], last["eager"])
+        worst = max(worst, difference or 0.0)
+        if timed:
+            identical += same
+            tokens += int(last["eager"].length.sum())
+            steps += max(1, int(last["eager"].length.max()))
+    fill = grammar_fill_ms(policy, last["static"], device) if policy.grammar else {}
+    records = []
+    for name in DECODES:
+        rollout_s = statistics.median(seconds[name])
+        record = {
+            "device": device_name(),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "model": model_name,
+            "task": args.task,
+            "rows": rows,
+            "max_length": task.max_length,
+            "decode": name,
+            "decode_ms_per_token_step": sum(seconds[name]) / steps * 1e3,
+            "tokens_per_s": tokens / sum(seconds[name]),
+            "step_s": rollout_s,
+            "peak_mib": peak[name] if torch.cuda.is_available() else None,
+            "grammar_ms_per_rollout": statistics.median(grammar_s[name]) * 1e3,
+            "generated_tokens_per_rollout": tokens / args.repeats,
+            "repeats": args.repeats,
+            "torch": str(torch.__version__),
+            "threads": torch.get_num_threads(),
+        }
+        if name == "static":
+            record["identical_to_eager"] = f"{identical}/{args.repeats}"
+            record["max_abs_log_prob_difference"] = worst
+        if fill:
+            record["grammar_fill_old_ms_per_step"] = fill["old"]
+            record["grammar_fill_new_ms_per_step"] = fill["new"]
+        records.append(record)
+    return records
+
+
+def print_tables(records: list[dict[str, Any]]) -> None:
+    print(
+        "| rows | T | decode | ms per rollout | ms per token step | tokens/s | grammar ms per "
+        "rollout | peak MiB | static = eager |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in records:
+        peak = "-" if r["peak_mib"] is None else f"{r['peak_mib']:.0f}"
+        print(
+            f"| {r['rows']} | {r['max_length']} | {r['decode']} | {r['step_s'] * 1e3:.1f} | "
+            f"{r['decode_ms_per_token_step']:.2f} | {r['tokens_per_s']:.0f} | "
+            f"{r['grammar_ms_per_rollout']:.2f} | {peak} | {r.get('identical_to_eager', '')} |"
+        )
+    fills = [r for r in records if r["decode"] == "static" and "grammar_fill_old_ms_per_step" in r]
+    if fills:
+        print("\n| rows | T | old fill ms per step | new fill ms per step | new / old |")
+        print("|---|---|---|---|---|")
+        for r in fills:
+            old, new = r["grammar_fill_old_ms_per_step"], r["grammar_fill_new_ms_per_step"]
+            print(f"| {r['rows']} | {r['max_length']} | {old:.3f} | {new:.3f} | {new / old:.2f} |")
 
 
 def load_baseline(path: Path) -> Callable[..., Rollout]:
@@ -46,59 +257,80 @@ def load_baseline(path: Path) -> Callable[..., Rollout]:
     return module.sample_rollout
 
 
-def same(a: Rollout, b: Rollout) -> bool:
-    return (
-        torch.equal(a.tokens, b.tokens)
-        and torch.equal(a.length, b.length)
-        and torch.equal(a.log_pf.view(torch.int32), b.log_pf.view(torch.int32))
-        and torch.equal(a.log_pterm.view(torch.int32), b.log_pterm.view(torch.int32))
-        and a.texts == b.texts
-    )
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--baseline", type=Path, required=True)
-    parser.add_argument("--model", default="tiny")
-    parser.add_argument("--rows", type=int, default=32)
-    parser.add_argument("--min-length", type=int, default=3)
-    parser.add_argument("--max-length", type=int, default=12)
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    model, tokenizer = load_model_and_tokenizer(args.model, seed=0)
-    stop = stop_token_id(tokenizer)
-    legal = legal_token_ids(tokenizer, ALPHABET, stop_id=stop)
-    policy = HFPolicy(model, tokenizer, legal_ids=legal, stop_id=stop, grammar=GRAMMAR)
+def baseline_main(args: argparse.Namespace, policy: HFPolicy, task: Task, rows: int) -> None:
+    policy.decode = "eager"
     versions = {"baseline": load_baseline(args.baseline), "current": sample_rollout}
     times: dict[str, list[float]] = {name: [] for name in versions}
-    tokens = 0
-    for repeat in range(args.repeats + 1):  # repeat 0 warms up and is not timed
+    for repeat in range(args.repeats + 1):
         results = {}
         for name, sample in versions.items():
             start = time.perf_counter()
             results[name] = sample(
                 policy,
-                PROMPT,
-                args.rows,
-                min_length=args.min_length,
-                max_length=args.max_length,
+                task.prompts()[0],
+                rows,
+                min_length=task.min_length,
+                max_length=task.max_length,
                 generator=torch.Generator().manual_seed(repeat),
             )
             if repeat:
                 times[name].append(time.perf_counter() - start)
-        if not same(results["baseline"], results["current"]):
+        a, b = results["baseline"], results["current"]
+        if not (
+            torch.equal(a.tokens, b.tokens)
+            and torch.equal(a.log_pf.view(torch.int32), b.log_pf.view(torch.int32))
+            and torch.equal(a.log_pterm.view(torch.int32), b.log_pterm.view(torch.int32))
+        ):
             raise SystemExit(f"repeat {repeat}: the two versions' rollouts differ")
-        tokens += int(results["current"].length.sum()) if repeat else 0
     base, cur = (statistics.median(times[name]) * 1e3 for name in versions)
-    print(
-        f"{args.model}, {args.rows} rows, lengths {args.min_length}-{args.max_length}, "
-        f"{args.repeats} repeats, {tokens / args.repeats:.1f} generated tokens per rollout; "
-        "all rollouts identical"
-    )
+    print(f"{rows} rows, {args.repeats} repeats; all rollouts identical")
     print("| baseline ms | current ms | current / baseline |")
     print(f"| {base:.1f} | {cur:.1f} | {cur / base:.3f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--model-config", choices=sorted(MODEL_CONFIGS), default=None)
+    parser.add_argument("--tokenizer", default=None, help="tokenizer folder for --model-config")
+    parser.add_argument("--task", default="expr24", help="a registered task, or fixed")
+    parser.add_argument("--lengths", default="10", help="T values of --task fixed, e.g. 10,64")
+    parser.add_argument("--rows", default="32,128")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", type=Path, default=None, help="append the records to FILE")
+    parser.add_argument("--baseline", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model, model_name = args.model, args.model
+    if args.model_config is not None:
+        if args.tokenizer is None:
+            raise SystemExit("--model-config needs --tokenizer DIR")
+        folder = Path(tempfile.mkdtemp()) / "model"
+        model = str(write_random_model(args.model_config, args.tokenizer, folder))
+        model_name = args.model_config
+    lengths = [int(t) for t in args.lengths.split(",")] if args.task == "fixed" else [None]
+    all_rows = [int(r) for r in args.rows.split(",")]
+    records: list[dict[str, Any]] = []
+    for length in lengths:
+        policy, task = build(args, model, length)
+        for rows in all_rows:
+            if args.baseline is not None:
+                baseline_main(args, policy, task, rows)
+            else:
+                records += measure(args, policy, task, model_name, rows)
+        del policy
+    if not records:
+        return
+    print(
+        f"{model_name}, {args.task}, {device_name()}, {args.repeats} repeats, "
+        f"{torch.get_num_threads()} torch threads"
+    )
+    print_tables(records)
+    if args.json is not None:
+        previous = json.loads(args.json.read_text()) if args.json.exists() else []
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(previous + records, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ the buffer update (new items and ``buffer.add``). Prints medians and each stage'
 Whole optimizer steps on any model (e.g. a GPU with a Llama-3.2-1B-shaped model):
 
     python benchmarks/train_step.py --optimizer-steps 5 --model-config llama-1b --tokenizer DIR \
-        --task fixed --length 10 --batch-size 32 --grad-accum 4 --kappa 1 [--json FILE]
+        --task fixed --length 10 --batch-size 32 --grad-accum 4 --kappa 1 [--decode eager] \
+        [--json FILE]
 
 times ``--optimizer-steps`` steps after ``--warmup`` untimed ones. Every micro-batch is sampled
 on-policy (p_replay 0, so each step rolls out ``batch-size x grad-accum`` trajectories) and goes
@@ -300,7 +301,7 @@ def optimizer_step_main(args: argparse.Namespace) -> None:
         if args.tokenizer is None:
             raise SystemExit("--model-config needs --tokenizer DIR")
         model = str(write_random_model(args.model_config, args.tokenizer, work / "model"))
-    cfg = build_config(overrides=step_overrides(args, model))
+    cfg = build_config(overrides=step_overrides(args, model) | {"sampling.decode": args.decode})
     trainer = Trainer(cfg, work / "run", progress=False)
     result = measure_steps(trainer, args.optimizer_steps, args.warmup)
     name = (
@@ -317,6 +318,7 @@ def optimizer_step_main(args: argparse.Namespace) -> None:
         "kappa": cfg.reward.kappa,
         "replay": cfg.replay.kind,
         "lora_rank": cfg.lora.rank,
+        "decode": trainer.policy.decode_path,
         "warmup": args.warmup,
         "steps": args.optimizer_steps,
     }
@@ -410,6 +412,12 @@ def main() -> None:
     parser.add_argument("--grad-accum", type=int, default=4)
     parser.add_argument("--kappa", type=float, default=None)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--decode",
+        choices=["auto", "eager", "static"],
+        default="auto",
+        help="sampling.decode of --optimizer-steps (auto: static on CUDA, eager on the CPU)",
+    )
     args = parser.parse_args()
     if args.optimizer_steps is not None:
         optimizer_step_main(args)

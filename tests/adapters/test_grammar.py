@@ -11,12 +11,13 @@ import random
 import re
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from raptb.adapters.grammar import GrammarBatch, compile_grammar
+from raptb.adapters.grammar import GrammarBatch, compile_grammar, packed_width, unpack_bitmask
 from raptb.adapters.models import build_char_tokenizer
 from raptb.adapters.tokens import legal_token_ids, token_texts
 
@@ -89,6 +90,45 @@ def test_masks_match_regex_reference_along_random_walks(name: str, data: st.Data
         assert batch.accept(0, legal[j])
         text += texts[j]
     assert batch.can_stop(0) == (COMPLETE.fullmatch(text) is not None)
+
+
+@pytest.mark.parametrize("name", ["char", "bpe"])
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_packed_masks_of_chosen_rows_equal_the_row_masks(name: str, data: st.DataObject) -> None:
+    # rows advance by random allowed tokens; at every step the packed fill of a random subset of
+    # rows (the static rollout's) must give, bit for bit, each row's mask from next_mask (the
+    # eager rollout's), and both the regex reference
+    legal, texts = LEGAL[name], TEXTS[name]
+    width = len(legal) + 1
+    rows = data.draw(st.integers(1, 5))
+    batch = GrammarBatch(GRAMMAR, legal, texts, rows, max_threads=2)
+    walks = [""] * rows
+    for _ in range(data.draw(st.integers(1, 6))):
+        today = batch.next_mask().clone()
+        for row, text in enumerate(walks):
+            reference = [PREFIX.fullmatch(text + t) is not None for t in texts]
+            assert today[row].tolist() == [*reference, COMPLETE.fullmatch(text) is not None]
+        chosen = data.draw(st.lists(st.integers(0, rows - 1), unique=True))
+        packed = batch.fill_bitmask(chosen).clone()
+        assert packed.shape == (rows, packed_width(width)) and packed.dtype == torch.int32
+        unpacked = unpack_bitmask(packed, width)
+        for row in chosen:
+            assert torch.equal(unpacked[row], today[row])
+            bits = [bool((int(packed[row, j // 32]) >> (j % 32)) & 1) for j in range(width)]
+            assert bits == today[row].tolist()
+        movers = [
+            row
+            for row in data.draw(st.lists(st.integers(0, rows - 1), unique=True))
+            if today[row, :-1].any()
+        ]
+        picks = [
+            data.draw(st.sampled_from(torch.nonzero(today[row, :-1]).flatten().tolist()))
+            for row in movers
+        ]
+        assert batch.accept_many(movers, [legal[j] for j in picks]) == [True] * len(movers)
+        for row, j in zip(movers, picks, strict=True):
+            walks[row] += texts[j]
 
 
 def test_accept_many_reset_and_foreign_tokens() -> None:

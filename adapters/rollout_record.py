@@ -1,0 +1,75 @@
+"""What a rollout returns, and the arithmetic every decoding path shares.
+
+``Rollout`` is the record of B sampled trajectories in the prefix layout of
+``raptb.adapters.rollout``; ``token_log_probs`` is the one float32 log-softmax gather that the
+eager and static rollouts and teacher-forced rescoring all use, so they round the same way;
+``row_temperatures`` checks and broadcasts the behaviour temperature of each row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RolloutTimings:
+    """Wall-clock seconds of one rollout: model forwards, grammar masking and accepting, total."""
+
+    model_s: float
+    grammar_s: float
+    total_s: float
+
+
+@dataclass
+class Rollout:
+    """B sampled trajectories in the prefix layout (see ``raptb.adapters.rollout``).
+
+    tokens: LongTensor [B, T], generated ids, ``pad_id`` after the stop.
+    length: LongTensor [B], tau (tokens before the stop).
+    log_pf: float32 [B, T]; log_pterm: float32 [B, T+1] (untempered, unmasked, 0 after tau).
+    texts: the generated text of each row, stop excluded (the concatenated in-context token texts,
+        i.e. exactly the text the grammar matched).
+    rows: the host copy of each row's generated ids x_1..x_tau (the texts are built from it).
+    """
+
+    tokens: torch.Tensor
+    length: torch.Tensor
+    log_pf: torch.Tensor
+    log_pterm: torch.Tensor
+    texts: list[str]
+    rows: list[tuple[int, ...]]
+    timings: RolloutTimings
+
+
+def token_log_probs(
+    logits: torch.Tensor, tokens: torch.Tensor, stop_id: int, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 log-softmax of ``logits`` [..., V] / ``temperature`` at ``tokens`` [...] and at
+    ``stop_id``.
+
+    Gathers then subtracts the log-normaliser instead of materialising the full log-softmax, and is
+    shared by rollout and rescoring so both round the same way. The GFlowNet objectives score the
+    untempered softmax (temperature 1, no division); the RL baselines score their sampling
+    temperature's, as TRL does (``app.rl_step``).
+    """
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_norm = torch.logsumexp(logits, dim=-1)
+    chosen = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - log_norm
+    return chosen, logits[..., stop_id] - log_norm
+
+
+def row_temperatures(temperature: float | torch.Tensor, n: int) -> torch.Tensor:
+    """The behaviour temperature of each of ``n`` rows, float32 [n] on the CPU; a float is shared
+    by every row. ValueError for a wrong shape or a value that is not finite and > 0."""
+    temp = torch.as_tensor(temperature, dtype=torch.float32).cpu()
+    if temp.ndim == 0:
+        temp = temp.expand(n)
+    if temp.shape != (n,):
+        raise ValueError(f"temperature: expected a float or shape [{n}], got {tuple(temp.shape)}")
+    if not bool(torch.all(torch.isfinite(temp) & (temp > 0))):
+        raise ValueError("temperature: every value must be finite and > 0")
+    return temp
