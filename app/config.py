@@ -175,8 +175,9 @@ class ConfigError(ValueError):
 def _format_error(exc: ValidationError) -> str:
     first = exc.errors()[0]
     field = ".".join(str(p) for p in first["loc"]) or "config"
+    message = first["msg"].removeprefix("Value error, ")
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"invalid config: {field}: {first['msg']}{more}"
+    return f"invalid config: {field}: {message}{more}"
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
