@@ -42,6 +42,7 @@ from raptb.app.config_sections import (
     subm_preset,
 )
 from raptb.app.durable import write_atomically
+from raptb.app.trackers import check_report_to
 from raptb.core.objectives import objective_hyperparameters
 from raptb.core.rl_objectives import rl_objective_hyperparameters
 from raptb.core.schedules import LinearSchedule
@@ -89,6 +90,13 @@ class TrainConfig(Section):
     eval_samples: Annotated[int, Field(ge=1)] | None = Field(
         None, description="Evaluation samples N; None: the task's default."
     )
+    report_to: str | list[str] = Field(
+        "none",
+        description="Experiment trackers that receive every metrics.jsonl field per step and "
+        "the metrics of raptb eval: 'none', 'tensorboard' (RUN_DIR/tensorboard; pip install "
+        "'raptb[tensorboard]'), 'wandb' (RUN_DIR/wandb, offline unless WANDB_MODE is set; pip "
+        "install 'raptb[wandb]'), or a list of them (app.trackers).",
+    )
     objective: ObjectiveConfig = Field(ObjectiveConfig(), description="Objective.")
     optim: OptimConfig = Field(OptimConfig(), description="Optimizer.")
     sampling: SamplingConfig = Field(SamplingConfig(), description="Sampling.")
@@ -102,6 +110,17 @@ class TrainConfig(Section):
     def _registered(cls, task: str) -> str:
         task_spec(task)  # a ValueError names the registered tasks
         return task
+
+    @field_validator("report_to")
+    @classmethod
+    def _known_trackers(cls, value: str | list[str]) -> str | list[str]:
+        check_report_to(value)
+        return value
+
+    @property
+    def trackers(self) -> tuple[str, ...]:
+        """The trackers ``report_to`` names (none: empty)."""
+        return check_report_to(self.report_to)
 
     @model_validator(mode="after")
     def _required_options(self) -> TrainConfig:
