@@ -148,6 +148,9 @@ class Trainer:
             self.policy.freeze_reference()  # the base weights, before any update or resume
         if checkpoint is not None:
             load_model_weights(self.policy.model, checkpoint)  # before sharding, if any
+        sharding = self.dist.sharding
+        if config.optim.gradient_checkpointing or (sharding and sharding.activation_checkpointing):
+            self.policy.enable_activation_checkpointing()  # before sharding, if any
         if self.dist.sharding is not None:
             blocks = shard_policy(self.policy, self.dist.sharding, self.dist.all_true)
             if self.dist.is_main:
