@@ -16,6 +16,7 @@ from pydantic import Field
 from raptb.adapters.amp import DEFAULT_PROMPT, AmpTask, training_peptides
 from raptb.adapters.amp_metrics import TOP_K, amp_metrics
 from raptb.adapters.amp_oracle import MACREL_ORACLE
+from raptb.adapters.dotted_path import CallablePath
 from raptb.adapters.registry import TaskOptions, TaskSpec, register_task
 from raptb.core.metrics import sequence_metrics
 
@@ -23,10 +24,11 @@ from raptb.core.metrics import sequence_metrics
 class AmpOptions(TaskOptions):
     """The ``[amp]`` config section (module doc of ``adapters.amp`` for the reward)."""
 
-    oracle: str = Field(
+    oracle: CallablePath = Field(
         MACREL_ORACLE,
         description="'module:function' mapping a list of peptides to probabilities; default "
-        "Macrel's AMP classifier (pip install 'raptb[amp]').",
+        "Macrel's AMP classifier (pip install 'raptb[amp]'). The module is looked up in the "
+        "current directory first, then on PYTHONPATH.",
     )
     min_length: Annotated[int, Field(ge=1, description="Fewest generated residues.")] = 5
     max_length: Annotated[int, Field(ge=1, description="Most generated residues.")] = 50

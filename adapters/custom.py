@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from raptb.adapters.dotted_path import load_dotted
+from raptb.adapters.dotted_path import CallablePath, load_dotted
 from raptb.adapters.registry import TaskOptions, TaskSpec, register_task
 from raptb.core.metrics import sequence_metrics
 from raptb.core.ports import Score
@@ -108,10 +108,11 @@ class CustomTask:
 class CustomOptions(TaskOptions):
     """The ``[custom]`` config section: a user task whose reward function is named by path."""
 
-    reward: str | None = Field(
+    reward: CallablePath | None = Field(
         None,
         description="'module:function' taking (prompt, text) and returning a score "
-        "(see adapters.custom).",
+        "(see adapters.custom); the module is looked up in the current directory first, then "
+        "on PYTHONPATH.",
     )
     alphabet: str | None = Field(
         None, description="Characters generated tokens may use; None allows every token."

@@ -18,6 +18,13 @@ the log-probs of the softmax of logits / temperature, which the RL baselines sco
 sampling temperature as TRL does; the GFlowNet objectives always score temperature 1. The
 prompt is tokenised once and shared by every row, so rows are aligned without padding; tokens
 after a row's stop are ignored.
+
+Activation checkpointing (:meth:`HFPolicy.enable_activation_checkpointing`, TRL's
+``gradient_checkpointing``) applies to that teacher-forced pass: its blocks keep their inputs
+instead of their activations and run again in backward (transformers' own per-block checkpointing,
+non-reentrant, inside FSDP2's hooks). transformers checkpoints in training mode only, and drops a
+checkpointing block's KV cache; the rollout runs the model in eval mode (under ``no_grad``, with
+the cache), as does the reference pass, so neither is affected.
 """
 
 from __future__ import annotations
@@ -157,6 +164,28 @@ class HFPolicy:
     sample = sample_rollout
     """``sample(prompt, n, *, min_length, max_length, temperature=1.0, generator=None)``: draw
     ``n`` constrained trajectories, a ``Rollout`` (``raptb.adapters.rollout.sample_rollout``)."""
+
+    def enable_activation_checkpointing(self) -> None:
+        """Checkpoint the model's blocks in training-mode forwards, i.e. in
+        ``score`` (module docstring).
+
+        Raises:
+            ValueError: the model does not support activation checkpointing.
+        """
+        inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        if not getattr(inner, "supports_gradient_checkpointing", False):
+            raise ValueError(
+                f"optim.gradient_checkpointing: {type(inner).__name__} does not support "
+                "activation checkpointing"
+            )
+        # the name transformers 5 gives it; its deprecated alias in transformers 4
+        enable = getattr(inner, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            inner.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
 
     def _forward_log_probs(
         self,

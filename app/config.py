@@ -48,6 +48,7 @@ from raptb.app.config_sections import (
     subm_preset,
 )
 from raptb.app.durable import write_atomically
+from raptb.app.trackers import check_report_to
 from raptb.core.objectives import objective_hyperparameters
 from raptb.core.rl_objectives import rl_objective_hyperparameters
 from raptb.core.schedules import LinearSchedule
@@ -95,6 +96,13 @@ class TrainConfig(Section):
     eval_samples: Annotated[int, Field(ge=1)] | None = Field(
         None, description="Evaluation samples N; None: the task's default."
     )
+    report_to: str | list[str] = Field(
+        "none",
+        description="Experiment trackers that receive every metrics.jsonl field per step and "
+        "the metrics of raptb eval: 'none', 'tensorboard' (RUN_DIR/tensorboard; pip install "
+        "'raptb[tensorboard]'), 'wandb' (RUN_DIR/wandb, offline unless WANDB_MODE is set; pip "
+        "install 'raptb[wandb]'), or a list of them (app.trackers).",
+    )
     objective: ObjectiveConfig = Field(ObjectiveConfig(), description="Objective.")
     optim: OptimConfig = Field(OptimConfig(), description="Optimizer.")
     sampling: SamplingConfig = Field(SamplingConfig(), description="Sampling.")
@@ -108,6 +116,17 @@ class TrainConfig(Section):
     def _registered(cls, task: str) -> str:
         task_spec(task)  # a ValueError names the registered tasks
         return task
+
+    @field_validator("report_to")
+    @classmethod
+    def _known_trackers(cls, value: str | list[str]) -> str | list[str]:
+        check_report_to(value)
+        return value
+
+    @property
+    def trackers(self) -> tuple[str, ...]:
+        """The trackers ``report_to`` names (none: empty)."""
+        return check_report_to(self.report_to)
 
     @model_validator(mode="after")
     def _required_options(self) -> TrainConfig:
@@ -181,8 +200,9 @@ class ConfigError(ValueError):
 def _format_error(exc: ValidationError) -> str:
     first = exc.errors()[0]
     field = ".".join(str(p) for p in first["loc"]) or "config"
+    message = first["msg"].removeprefix("Value error, ")
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"invalid config: {field}: {first['msg']}{more}"
+    return f"invalid config: {field}: {message}{more}"
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

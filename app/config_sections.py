@@ -104,6 +104,14 @@ class OptimConfig(Section):
         4, description="Micro-batches per optimizer step."
     )
     clip: Positive | None = Field(0.5, description="Gradient-norm clip; None: no clipping.")
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Activation checkpointing (TRL's name) of the teacher-forced rescoring pass: "
+        "each transformer block keeps its input instead of its activations and runs again in "
+        "backward, less memory for about one more forward (benchmarks/activation_checkpointing"
+        ".md); the rollout is unaffected. Also on when the accelerate FSDP config sets "
+        "fsdp_activation_checkpointing.",
+    )
 
 
 class SamplingConfig(Section):

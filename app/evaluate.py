@@ -28,6 +28,9 @@ Outputs under ``RUN_DIR/eval/``:
     *.png           length histogram of correct samples, prefix diagnostics by depth, score by
                     length, the spec's per-length plots, and training curves when the run has a
                     ``metrics.jsonl``
+
+The metrics also go to the run's experiment trackers (``report_to``, app.trackers) at the
+checkpoint's step.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from raptb.app.plots import (
 )
 from raptb.app.reward_schedule import RewardSchedule
 from raptb.app.runtime import PrefixScorer, build_policy, build_task
+from raptb.app.trackers import Trackers
 from raptb.core.ports import Task
 
 EVAL_DIR = "eval"
@@ -185,6 +189,10 @@ def _write_eval(
     write_atomically(out / SAMPLES_FILE, "".join(json.dumps(r) + "\n" for r in rows))
     write_atomically(out / METRICS_FILE, json.dumps(metrics, indent=2) + "\n")
     _write_plots(run_dir, out, spec, rows, metrics)
+    if config.trackers:
+        dumped = config.model_dump(mode="json", exclude_none=True)
+        with Trackers.open(config.trackers, run_dir, dumped) as trackers:
+            trackers.log_eval(metrics, metrics["eval"]["step"])
     return metrics
 
 

@@ -21,6 +21,7 @@ from raptb.app.checkpoint import checkpoint_dir
 from raptb.app.config import TrainConfig, build_config
 from raptb.app.evaluate import eval_dir
 from raptb.app.run_log import log_path
+from raptb.app.trackers import tracker_dirs
 
 CONFIG_FILE = "config.toml"
 RESUMABLE_CHANGES = (
@@ -32,9 +33,11 @@ RESUMABLE_CHANGES = (
     "max_nonfinite",
     "reward.workers",
     "reward.max_failed_steps",
+    "report_to",
 )
 """Fields ``--resume`` may change: length, checkpoint cadence and retention, CPU threads,
-evaluation size, stop limits and reward workers (scoring in a pool gives identical rewards)."""
+evaluation size, stop limits, reward workers (scoring in a pool gives identical rewards) and the
+experiment trackers."""
 
 
 class RunMismatch(ValueError):
@@ -54,7 +57,8 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def _run_entries(run_dir: Path) -> list[Path]:
     """The files and folders of a run present in ``run_dir``."""
     entries = (Path(run_dir) / CONFIG_FILE, log_path(run_dir), checkpoint_dir(run_dir))
-    return [p for p in (*entries, eval_dir(run_dir)) if p.exists() or p.is_symlink()]
+    entries += (eval_dir(run_dir), *tracker_dirs(run_dir))
+    return [p for p in entries if p.exists() or p.is_symlink()]
 
 
 def with_horizon(config: TrainConfig, horizon: int) -> TrainConfig:

@@ -28,6 +28,11 @@ unchanged. What sharding adds:
   states are split into this rank's shards (:func:`load_optimizer_state`).
 - **Precision.** The model keeps the dtype it was loaded in (bf16 on CUDA); gradients are reduced
   in float32; logZ stays a float32 parameter outside the model.
+- **Activation checkpointing** (``fsdp_activation_checkpointing: true``, or ``[optim]
+  gradient_checkpointing``): transformers' per-block checkpointing of the rescoring pass
+  (adapters.policy), enabled before sharding; it checkpoints a block's ``forward`` inside the
+  FSDP unit's hooks, so a recomputed block finds its parameters gathered by FSDP's pre-backward
+  hook and gathers nothing twice.
 - **Evaluation** (``raptb eval`` under the same launch) does not shard: each rank holds the whole
   model and samples its chunks, as under DDP.
 """
@@ -55,12 +60,14 @@ class ShardingPlan:
     """Free the gathered parameters after each forward (ZeRO-3) or keep them until backward."""
     offload: bool
     """Keep parameters, gradients and optimizer states in CPU memory between uses."""
+    activation_checkpointing: bool = False
+    """Checkpoint the blocks in the rescoring pass (``fsdp_activation_checkpointing``)."""
 
 
 def plan_from_accelerate() -> ShardingPlan:
     """The sharding plan of an ``accelerate launch`` with an FSDP config (the ``FSDP_*``
-    environment accelerate sets). ValueError (one line) for settings this trainer does not
-    implement: FSDP version 1, activation checkpointing."""
+    environment accelerate sets). ValueError (one line) for a setting this trainer does not
+    implement: FSDP version 1."""
     from accelerate.utils import FullyShardedDataParallelPlugin
 
     plugin = FullyShardedDataParallelPlugin()
@@ -68,11 +75,6 @@ def plan_from_accelerate() -> ShardingPlan:
         raise ValueError(
             f"FSDP version {plugin.fsdp_version} is not supported: set fsdp_version: 2 in the "
             "accelerate config (raptb shards with FSDP2, torch's fully_shard)"
-        )
-    if plugin.activation_checkpointing:
-        raise ValueError(
-            "FSDP activation checkpointing is not supported: set fsdp_activation_checkpointing: "
-            "false in the accelerate config"
         )
     given = plugin.transformer_cls_names_to_wrap or []
     # "A, B" in the config reaches us as "A, B" or as ["A", " B"]
@@ -82,6 +84,7 @@ def plan_from_accelerate() -> ShardingPlan:
         wrap=names or None,
         reshard_after_forward=bool(plugin.reshard_after_forward),
         offload=isinstance(plugin.cpu_offload, CPUOffloadPolicy),
+        activation_checkpointing=bool(plugin.activation_checkpointing),
     )
 
 

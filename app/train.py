@@ -67,6 +67,7 @@ from raptb.app.step import (
     reward,
 )
 from raptb.app.stop_request import StopRequest
+from raptb.app.trackers import Trackers
 from raptb.app.train_progress import bar_fields, progress_bar
 from raptb.app.train_state import load_model_weights, load_trainer_state, save_trainer_state
 from raptb.core.objectives import objective_by_name
@@ -152,6 +153,9 @@ class Trainer:
             self.policy.freeze_reference()  # the base weights, before any update or resume
         if checkpoint is not None:
             load_model_weights(self.policy.model, checkpoint)  # before sharding, if any
+        sharding = self.dist.sharding
+        if config.optim.gradient_checkpointing or (sharding and sharding.activation_checkpointing):
+            self.policy.enable_activation_checkpointing()  # before sharding, if any
         if self.dist.sharding is not None:
             blocks = shard_policy(self.policy, self.dist.sharding, self.dist.all_true)
             if self.dist.is_main:
@@ -346,6 +350,7 @@ class Trainer:
         with (
             progress_bar(self.console, self.show_progress and self.dist.is_main) as bar,
             self._log_file() as log,
+            self._trackers() as trackers,
         ):
             task_id = bar.add_task("train", total=cfg.steps, completed=self.step, **bar_fields())
             while self.step < end and not self.dist.any_true(self.stop.requested):
@@ -367,6 +372,8 @@ class Trainer:
                 if log is not None:
                     log.write(json.dumps(record) + "\n")
                     log.flush()
+                if trackers is not None:
+                    trackers.log_train(record)
                 bar.update(task_id, completed=self.step, **bar_fields(record))
                 if self.step % cfg.checkpoint_every == 0 or self.step == end:
                     checkpoint = self.save_checkpoint()
@@ -378,6 +385,14 @@ class Trainer:
     def _log_file(self) -> AbstractContextManager[IO[str] | None]:
         """metrics.jsonl opened for appending on rank 0; nothing on the other ranks."""
         return log_path(self.run_dir).open("a") if self.dist.is_main else nullcontext()
+
+    def _trackers(self) -> AbstractContextManager[Trackers | None]:
+        """The experiment trackers of ``report_to`` on rank 0 (none elsewhere or when none are
+        named); a resumed run's TensorBoard hides what was logged after its checkpoint."""
+        if not self.dist.is_main or not self.cfg.trackers:
+            return nullcontext()
+        config = self.cfg.model_dump(mode="json", exclude_none=True)
+        return Trackers.open(self.cfg.trackers, self.run_dir, config, first_step=self.step + 1)
 
     def warn(self, line: str) -> None:
         """One yellow warning line on the console."""

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from raptb.adapters.registry import task_names, task_spec
 from raptb.app.checkpoint import list_checkpoints, remove_stale_temporaries
@@ -39,7 +40,7 @@ def _warn(line: str) -> None:
 def _fail(message: str, rank: int = 0) -> typer.Exit:
     """Exit 2 with ``message``, printed once (by rank 0) when several processes share a run."""
     if rank == 0:
-        _err.print(f"[red]error:[/] {message}", soft_wrap=True)
+        _err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code=2)
 
 
@@ -132,6 +133,9 @@ def train_command(
     reward_scale: Annotated[float | None, _flag("reward.reward_scale")] = None,
     prompts: Annotated[str | None, _flag("commongen.prompts")] = None,
     oracle: Annotated[str | None, _flag("amp.oracle")] = None,
+    report_to: Annotated[
+        list[str] | None, _flag("report_to", " Repeat the flag for several trackers.")
+    ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Train a GFlowNet sampler, or a PPO/GRPO baseline (defaults: the paper's Expr24 setting,
@@ -158,6 +162,7 @@ def train_command(
         "reward.reward_scale": reward_scale,
         "commongen.prompts": prompts,
         "amp.oracle": oracle,
+        "report_to": report_to[0] if report_to and len(report_to) == 1 else report_to,
     }
     if resume and overwrite:
         raise _fail("--resume and --overwrite exclude each other")

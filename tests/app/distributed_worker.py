@@ -116,10 +116,13 @@ def _whole(tensor: torch.Tensor) -> torch.Tensor:
     return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().clone()
 
 
-def equivalence(out: Path, ctx: DistContext | None = None, lora: int = 0) -> None:
+def equivalence(
+    out: Path, ctx: DistContext | None = None, lora: int = 0, checkpointed: bool = False
+) -> None:
     """Train one step on fixed rollouts (the same BATCH rows per micro-batch on every world size,
     each rank taking its contiguous share); save gradients, parameters and logZ (whole, when the
-    policy is sharded). ``lora``: the LoRA rank (0: full fine-tuning)."""
+    policy is sharded). ``lora``: the LoRA rank (0: full fine-tuning). ``checkpointed``: assert
+    that the trained blocks checkpoint their activations (turned on by the launch's settings)."""
     ctx = DistContext.from_accelerate() if ctx is None else ctx
     micro = iter(range(ACCUM))
 
@@ -146,6 +149,8 @@ def equivalence(out: Path, ctx: DistContext | None = None, lora: int = 0) -> Non
     config = config.model_copy(update={"optim": config.optim.model_copy(update={"clip": None})})
     assert config.optim.clip is None
     trainer = Trainer(config, out / "run", progress=False, dist=ctx)
+    blocks = [m for m in trainer.policy.model.modules() if type(m).__name__.endswith("GPT2Block")]
+    assert blocks and all(block.gradient_checkpointing == checkpointed for block in blocks)
     named = dict(trainer.policy.model.named_parameters())
     grads: dict[str, torch.Tensor] = {}
     step = trainer.optimizer.step

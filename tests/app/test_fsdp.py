@@ -48,13 +48,7 @@ def _last_record(run: Path) -> dict:
 
 @pytest.mark.parametrize(
     ("env", "message"),
-    [
-        ({"FSDP_VERSION": "1"}, "error: FSDP version 1 is not supported"),
-        (
-            {"FSDP_VERSION": "2", "FSDP_ACTIVATION_CHECKPOINTING": "true"},
-            "error: FSDP activation checkpointing is not supported",
-        ),
-    ],
+    [({"FSDP_VERSION": "1"}, "error: FSDP version 1 is not supported")],
 )
 def test_unsupported_fsdp_settings_are_refused_in_one_line(
     monkeypatch, capsys, tmp_path, env, message
@@ -77,8 +71,12 @@ def test_the_plan_is_read_from_the_accelerate_fsdp_settings(monkeypatch):
     monkeypatch.setenv("FSDP_TRANSFORMER_CLS_TO_WRAP", "GPT2Block, LlamaDecoderLayer")
     monkeypatch.setenv("FSDP_RESHARD_AFTER_FORWARD", "false")
     monkeypatch.setenv("FSDP_OFFLOAD_PARAMS", "true")
+    monkeypatch.setenv("FSDP_ACTIVATION_CHECKPOINTING", "true")
     assert plan_from_accelerate() == ShardingPlan(
-        wrap=("GPT2Block", "LlamaDecoderLayer"), reshard_after_forward=False, offload=True
+        wrap=("GPT2Block", "LlamaDecoderLayer"),
+        reshard_after_forward=False,
+        offload=True,
+        activation_checkpointing=True,
     )
 
 
@@ -133,6 +131,24 @@ def test_sharded_two_ranks_half_batches_equal_one_rank_whole_batch(tmp_path, lor
     two.mkdir()
     equivalence(one, DistContext.single(torch.device("cpu")), lora)
     run_ranks(equivalence, two, None, lora, env=FSDP_ENV)
+    _assert_equivalent(one, two, lora)
+
+
+@pytest.mark.parametrize("lora", [0, 4])
+def test_sharded_with_activation_checkpointing_equals_one_rank_without(tmp_path, lora):
+    """accelerate's fsdp_activation_checkpointing on 2 sharded ranks: the blocks recomputed in
+    backward under FSDP2 give the gradients and parameters of one unsharded, uncheckpointed rank."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    equivalence(one, DistContext.single(torch.device("cpu")), lora)
+    checkpointing = {**FSDP_ENV, "FSDP_ACTIVATION_CHECKPOINTING": "true"}
+    run_ranks(equivalence, two, None, lora, True, env=checkpointing)
+    _assert_equivalent(one, two, lora)
+
+
+def _assert_equivalent(one: Path, two: Path, lora: int) -> None:
+    """The 2-rank run in ``two`` has the 1-rank run's gradients, parameters and logZ."""
     reference = torch.load(one / "rank0.pt")
     ranks = [torch.load(two / f"rank{r}.pt") for r in (0, 1)]
     assert reference["grads"].keys() == ranks[0]["grads"].keys()

@@ -241,3 +241,25 @@ def test_oracle_rows_do_not_count_as_on_policy_samples(tmp_path):
     trainer.train()
     assert [r["acc"] for r in records(tmp_path)] == [None, None]
     assert trainer.correct_seen == set()
+
+
+@pytest.mark.parametrize("lora", [0, 4])
+def test_gradient_checkpointing_trains_as_without_it(tmp_path, lora):
+    # [optim] gradient_checkpointing on the embedded model, full fine-tuning and LoRA: the
+    # rescoring blocks checkpoint, and 2 steps (rollouts, replay, updates) log what they log without
+    logs = []
+    for on in (False, True):
+        cfg = small_config(steps=2, **{"optim.gradient_checkpointing": on, "lora.rank": lora})
+        trainer = Trainer(cfg, tmp_path / f"{on}", progress=False)
+        blocks = [m for m in trainer.policy.model.modules() if type(m).__name__ == "GPT2Block"]
+        assert len(blocks) == 2 and all(b.gradient_checkpointing == on for b in blocks)
+        trainer.train()
+        logs.append(
+            [{k: v for k, v in r.items() if k != "seconds"} for r in records(trainer.run_dir)]
+        )
+    plain, checked = logs
+    assert [r["step"] for r in checked] == [1, 2]
+    for a, b in zip(plain, checked, strict=True):
+        assert a.keys() == b.keys()
+        for key, value in a.items():
+            assert b[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
