@@ -133,7 +133,8 @@ class HFPolicy:
 
     sample = sample_rollout
     """``sample(prompt, n, *, min_length, max_length, temperature=1.0, generator=None)``: draw
-    ``n`` constrained trajectories, a ``Rollout`` (``raptb.adapters.rollout.sample_rollout``)."""
+    ``n`` constrained trajectories, a ``Rollout`` (``raptb.adapters.rollout.sample_rollout``); a
+    sequence of n prompts gives each row its own."""
 
     def _forward_log_probs(
         self,

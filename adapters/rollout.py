@@ -10,11 +10,17 @@ with stop the only action at k = max_length (and, as a fallback, wherever nothin
 allowed). The recorded values are the untempered, unmasked log P_F of the chosen token and of stop
 at every visited prefix (objectives.md): ``log_pf`` [B, T] (column t < tau: the (t+1)-th token,
 0 after), ``log_pterm`` [B, T+1] (column k <= tau, 0 after), with T = max_length and tau = length.
+
+Rows may have different prompts (one rollout for a whole optimizer step): prompts are left-padded
+to the longest, with the attention mask 0 on the pads and explicit position ids (each row's own
+positions, 0 at its first prompt token), so a row's tokens and log-probs are those of rolling it
+out alone, up to float rounding.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -81,10 +87,36 @@ def row_temperatures(temperature: float | torch.Tensor, n: int) -> torch.Tensor:
     return temp
 
 
+def row_prompt_ids(policy: HFPolicy, prompt: str | Sequence[str], n: int) -> list[list[int]]:
+    """The prompt token ids of each of ``n`` rows; a string is every row's prompt, a sequence
+    gives each row's (length n, else ValueError). Each distinct prompt is tokenised once."""
+    prompts = [prompt] * n if isinstance(prompt, str) else list(prompt)
+    if len(prompts) != n:
+        raise ValueError(f"prompt: expected a string or {n} prompts, got {len(prompts)}")
+    ids = {text: policy.prompt_ids(text) for text in dict.fromkeys(prompts)}
+    return [ids[text] for text in prompts]
+
+
+def left_padded(
+    prompt_ids: Sequence[Sequence[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Prompts left-padded to the longest: ids [n, P] (``pad_id`` on pads), attention mask [n, P]
+    (0 on pads), position ids [n, P] (mask cumsum - 1: each row's own positions, 0 on pads)."""
+    width = max(len(ids) for ids in prompt_ids)
+    ids = torch.tensor(
+        [[pad_id] * (width - len(row)) + list(row) for row in prompt_ids],
+        dtype=torch.long,
+        device=device,
+    )
+    lengths = torch.tensor([len(row) for row in prompt_ids], device=device)
+    mask = (torch.arange(width, device=device)[None, :] >= width - lengths[:, None]).long()
+    return ids, mask, (mask.cumsum(dim=1) - 1).clamp(min=0)
+
+
 @torch.no_grad()
 def sample_rollout(
     policy: HFPolicy,
-    prompt: str,
+    prompt: str | Sequence[str],
     n: int,
     *,
     min_length: int,
@@ -92,7 +124,10 @@ def sample_rollout(
     temperature: float | torch.Tensor = 1.0,
     generator: torch.Generator | None = None,
 ) -> Rollout:
-    """Draw ``n`` constrained trajectories of ``policy`` (the module docstring states the mask)."""
+    """Draw ``n`` constrained trajectories of ``policy`` (the module docstring states the mask).
+
+    prompt: every row's prompt, or each row's (a sequence of n prompts, left-padded together).
+    temperature: every row's behaviour temperature, or each row's (float [n])."""
     if n < 1:
         raise ValueError(f"n: must be >= 1, got {n}")
     if not 0 <= min_length <= max_length:
@@ -104,8 +139,11 @@ def sample_rollout(
     model_s = grammar_s = 0.0
     device = policy.device
     temp = row_temperatures(temperature, n).to(device)
-    prompt_ids = policy.prompt_ids(prompt)
-    policy.check_positions(len(prompt_ids), max_length)
+    prompt_ids, attention, positions = left_padded(
+        row_prompt_ids(policy, prompt, n), policy.pad_id, device
+    )
+    width = prompt_ids.shape[1]
+    policy.check_positions(int(positions[:, -1].max()) + 1, max_length)
     big_t, num_legal = max_length, len(policy.legal_ids)
     # one gather of the legal columns and the stop column: the behaviour's sub-vocabulary
     sub_ids = torch.tensor([*policy.legal_ids, policy.stop_id], dtype=torch.long, device=device)
@@ -123,13 +161,15 @@ def sample_rollout(
     policy.model.eval()
     try:
         tic = time.perf_counter()
-        # an explicit all-ones attention mask: rows are aligned, nothing is padding
-        attention = torch.ones(n, len(prompt_ids) + big_t, dtype=torch.long, device=device)
+        # the prompt's mask (0 on left pads), then ones for the generated tokens
+        attention = torch.cat([attention, attention.new_ones(n, big_t)], dim=1)
         out = policy.model(
-            input_ids=torch.tensor([prompt_ids], device=device).expand(n, -1),
-            attention_mask=attention[:, : len(prompt_ids)],
+            input_ids=prompt_ids,
+            attention_mask=attention[:, :width],
+            position_ids=positions,
             use_cache=True,
         )
+        next_position = positions[:, -1:] + 1
         model_s += time.perf_counter() - tic
         idle = False  # every row of this rank has stopped (only while other ranks step on)
         for k in range(big_t + 1):
@@ -186,7 +226,8 @@ def sample_rollout(
             tic = time.perf_counter()
             out = policy.model(
                 input_ids=step_tokens[:, None],
-                attention_mask=attention[:, : len(prompt_ids) + k + 1],
+                attention_mask=attention[:, : width + k + 1],
+                position_ids=next_position + k,
                 past_key_values=out.past_key_values,
                 use_cache=True,
             )
