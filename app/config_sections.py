@@ -98,9 +98,18 @@ class OptimConfig(Section):
     log_z_lr: Positive = Field(0.1, description="logZ learning rate.")
     log_z_init: Finite = Field(0.0, description="Initial logZ.")
     weight_decay: NonNegative = Field(0.0, description="Policy weight decay (logZ has none).")
-    batch_size: Annotated[int, Field(ge=1)] = Field(32, description="Trajectories per micro-batch.")
+    batch_size: Annotated[int, Field(ge=1)] = Field(
+        32,
+        description="Trajectories per micro-batch: a step's batch_size x grad_accum rows are "
+        "rolled out together, and the loss runs over micro-batches of batch_size (memory only).",
+    )
     grad_accum: Annotated[int, Field(ge=1)] = Field(
         4, description="Micro-batches per optimizer step."
+    )
+    rows_per_prompt: Annotated[int, Field(ge=1)] = Field(
+        32,
+        description="Consecutive rows of a step that share a prompt; a step's rows take "
+        "ceil(rows / rows_per_prompt) prompts in turn (independent of the micro-batch split).",
     )
     clip: Positive | None = Field(0.5, description="Gradient-norm clip; None: no clipping.")
 
