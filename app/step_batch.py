@@ -11,8 +11,9 @@ and the seed only, never on how R is split into micro-batches (the split is a me
   row is drawn from the buffer as it stands at the step's start; otherwise it is on-policy at
   temperature 1, or with probability low_temp_prob at a temperature drawn uniformly from
   [T_lo, T_hi]; with Oracle replay an on-policy row is replaced by an oracle solution with
-  probability p_oracle x oracle_fraction (``plan_rows``). The shared RNG draws three uniforms and
-  one temperature per row, whatever is used, then the buffer and oracle draws prompt by prompt;
+  probability p_oracle x oracle_fraction, when the oracle holds the prompt (``plan_rows``). The
+  shared RNG draws three uniforms and one temperature per row, whatever is used, then the buffer
+  and oracle draws prompt by prompt;
 - all on-policy rows of the step are rolled out together, in one ``policy.sample`` call with
   per-row prompts and temperatures (``collect_step``).
 
@@ -77,11 +78,8 @@ def plan_rows(
     n = len(prompts)
     u_replay, u_temp, u_oracle = rng.random(n), rng.random(n), rng.random(n)
     drawn_temp = rng.uniform(mix.temp_lo, mix.temp_hi, n)
-    stored = set(buffer.prompts()) if buffer is not None else set()
-    replayed = np.array([p in stored for p in prompts], dtype=bool) & (u_replay < mix.p_replay)
-    spliced = ~replayed & (u_oracle < mix.p_oracle * mix.oracle_fraction)
-    if oracle is None:
-        spliced[:] = False
+    replayed = _holds(buffer, prompts) & (u_replay < mix.p_replay)
+    spliced = _holds(oracle, prompts) & ~replayed & (u_oracle < mix.p_oracle * mix.oracle_fraction)
     kind = np.full(n, SAMPLED, dtype=np.int8)
     kind[spliced], kind[replayed] = ORACLE, REPLAYED
     temperature = np.where(u_temp < mix.low_temp_prob, drawn_temp, 1.0)
@@ -93,6 +91,12 @@ def plan_rows(
             if rows and source is not None:
                 items.update(zip(rows, source.sample(len(rows), rng, prompt), strict=True))
     return RowPlan(tuple(prompts), kind, temperature, items)
+
+
+def _holds(buffer: ReplayBuffer | None, prompts: Sequence[str]) -> np.ndarray:
+    """bool [R]: whether ``buffer`` holds items for each row's prompt (False without a buffer)."""
+    stored = set() if buffer is None else set(buffer.prompts())
+    return np.array([p in stored for p in prompts], dtype=bool)
 
 
 @dataclass(frozen=True)
