@@ -115,13 +115,13 @@ class OptimConfig(Section):
 
 
 class SamplingConfig(Section):
-    """Behaviour policy of on-policy batches."""
+    """Behaviour policy of on-policy rows."""
 
     temp_hi: TemperaturePair = Field((1.5, 1.0), description="T_hi schedule (start, end).")
     temp_lo: TemperaturePair = Field((0.8, 1.0), description="T_lo schedule (start, end).")
     low_temp_prob: Probability = Field(
         0.666,
-        description="Probability that an on-policy batch uses a temperature drawn from "
+        description="Probability that an on-policy row is sampled at a temperature drawn from "
         "[T_lo, T_hi] (otherwise 1).",
     )
 
@@ -141,15 +141,17 @@ class ReplayConfig(Section):
     capacity: Annotated[int, Field(ge=1)] = Field(200, description="Items kept per prompt.")
     p_replay: ProbabilityPair = Field(
         (0.5, 0.25),
-        description="Probability that a micro-batch is drawn from the buffer (start, end).",
+        description="Probability that a row is drawn from the buffer (start, end).",
     )
     p_oracle: ProbabilityPair = Field(
         (0.75, 0.25),
-        description="Oracle replay: probability that an on-policy batch has rows spliced from "
-        "the oracle (start, end).",
+        description="Oracle replay: with oracle_fraction, an on-policy row is replaced by an "
+        "oracle solution with probability p_oracle x oracle_fraction (start, end).",
     )
     oracle_fraction: Probability = Field(
-        0.7, description="Oracle replay: fraction of a spliced batch's rows replaced."
+        0.7,
+        description="Oracle replay: the factor of p_oracle (the paper's fraction of a "
+        "spliced batch's rows).",
     )
     subm_weights: SubmWeights | None = Field(
         None,
