@@ -13,8 +13,9 @@ and ``log_pterm`` [B, T+1], with T = max_length.
 ``score`` recomputes the same values for given sequences by one teacher-forced forward pass with
 gradients (equal to the rollout's values up to float rounding when the model has no dropout or is
 in eval mode); ``reference_score`` does it without gradients for the frozen base model (the peft
-adapter disabled, or a frozen copy taken on first use). The prompt is tokenised once and shared by
-every row, so rows are aligned without padding; tokens after a row's stop are ignored.
+adapter disabled, or a frozen copy taken on first use). Each distinct prompt is tokenised once;
+rows of different prompts are left-padded to the longest (mask 0, explicit positions), rows of
+one prompt need no padding; tokens after a row's stop are ignored.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from raptb.adapters.grammar import GrammarBatch
-from raptb.adapters.rollout import sample_rollout, token_log_probs
+from raptb.adapters.rollout import left_padded, row_prompt_ids, sample_rollout, token_log_probs
 from raptb.adapters.tokens import token_texts
 from raptb.core.batch import PrefixBatch
 
@@ -139,7 +140,7 @@ class HFPolicy:
     def _forward_log_probs(
         self,
         model: PreTrainedModel,
-        prompt: str,
+        prompt: str | Sequence[str],
         tokens: torch.Tensor,
         length: torch.Tensor,
         hidden: bool = False,
@@ -153,24 +154,32 @@ class HFPolicy:
         tokens, length = tokens.to(device), length.to(device)
         if b and (int(length.min()) < 0 or int(length.max()) > big_t):
             raise ValueError(f"length: values must lie in [0, T={big_t}]")
-        prompt_ids = self.prompt_ids(prompt)
-        self.check_positions(len(prompt_ids), big_t)
+        rows = row_prompt_ids(self, prompt, b) if b else []
+        # left-padded to the longest prompt (mask 0 on pads, each row's own positions), so every
+        # row's first generated token sits in the same column
+        ids, prompt_mask, positions = left_padded(
+            rows or [self.prompt_ids(prompt if isinstance(prompt, str) else "")],
+            self.pad_id,
+            device,
+        )
+        ids, prompt_mask, positions = ids[:b], prompt_mask[:b], positions[:b]
+        width = ids.shape[1]
+        self.check_positions(int(positions[:, -1].max()) + 1 if b else width, big_t)
         cols = torch.arange(big_t, device=device)
         token_mask = cols[None, :] < length[:, None]
         prefix_mask = torch.arange(big_t + 1, device=device)[None, :] <= length[:, None]
         # positions after the stop hold arbitrary ids; causal attention keeps them out of every
         # earlier prefix, so any valid id will do
         body = torch.where(token_mask, tokens, self.stop_id)
-        input_ids = torch.cat(
-            [torch.tensor([prompt_ids], device=device).expand(b, -1), body], dim=1
-        )
+        after = positions[:, -1:] + 1 + torch.arange(big_t, device=device)[None, :]
         out = model(
-            input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
+            input_ids=torch.cat([ids, body], dim=1),
+            attention_mask=torch.cat([prompt_mask, torch.ones_like(body)], dim=1),
+            position_ids=torch.cat([positions, after], dim=1),
             use_cache=False,
             output_hidden_states=hidden,
         )
-        logits = out.logits[:, len(prompt_ids) - 1 :, :]
+        logits = out.logits[:, width - 1 :, :]
         next_tokens = torch.cat([body, torch.full_like(body[:, :1], self.stop_id)], dim=1)
         token_lp, stop_lp = token_log_probs(logits, next_tokens, self.stop_id)
         log_pf = torch.where(token_mask, token_lp[:, :big_t], 0.0)
@@ -178,10 +187,11 @@ class HFPolicy:
         return (log_pf, log_pterm, out.hidden_states[-1]) if hidden else (log_pf, log_pterm)
 
     def score(
-        self, prompt: str, tokens: torch.Tensor, length: torch.Tensor
+        self, prompt: str | Sequence[str], tokens: torch.Tensor, length: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced ``(log_pf [B, T], log_pterm [B, T+1])`` of given trajectories, one forward
-        pass with gradients (the values the loss trains through)."""
+        pass with gradients (the values the loss trains through). ``prompt``: every row's, or
+        each row's (B prompts, left-padded together as in the rollout)."""
         log_pf, log_pterm = self._forward_log_probs(self.model, prompt, tokens, length)
         return log_pf, log_pterm
 
@@ -197,7 +207,7 @@ class HFPolicy:
 
     @torch.no_grad()
     def reference_score(
-        self, prompt: str, tokens: torch.Tensor, length: torch.Tensor
+        self, prompt: str | Sequence[str], tokens: torch.Tensor, length: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``score`` under the frozen base model, without gradients (for kappa log P_ref).
 

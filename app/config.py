@@ -134,8 +134,8 @@ class TrainConfig(Section):
         if self.loss == "grpo" and (rows % group or self.optim.rows_per_prompt % group):
             raise ValueError(
                 f"batch_size x grad_accum {rows} and rows_per_prompt "
-                f"{self.optim.rows_per_prompt} must be multiples of rl.num_generations {group} "
-                "(whole GRPO groups of one prompt)"
+                f"{self.optim.rows_per_prompt} must each be a multiple of rl.num_generations "
+                f"{group} (whole GRPO groups of one prompt)"
             )
         return self
 

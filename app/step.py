@@ -15,7 +15,7 @@ rollout's own, so nothing is decoded or rebuilt; task rewards become a tensor on
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -204,6 +204,33 @@ def reward(
     return Rewards(u_host=u_host, scores=scores, u=u, prior=prior, log_r=u + prior, s_host=s_host)
 
 
+def with_prior(
+    policy: HFPolicy, scored: Sequence[tuple[Trajectories, Rewards]], kappa: float
+) -> list[tuple[Trajectories, Rewards]]:
+    """``scored`` (rewarded with kappa = 0) with the reference prior kappa log P_ref added to
+    each row's log-rewards, from one reference forward over all their rows (each with its own
+    prompt): a step's pieces take one forward however they are cut. Unchanged when kappa <= 0."""
+    if kappa <= 0 or not scored:
+        return list(scored)
+    prior = kappa * reference_log_prob(
+        policy,
+        row_prompts(batch for batch, _ in scored),
+        torch.cat([batch.tokens for batch, _ in scored]),
+        torch.cat([batch.length for batch, _ in scored]),
+    )
+    out, start = [], 0
+    for batch, rewards in scored:
+        part = prior[start : start + len(batch.rows)]
+        start += len(batch.rows)
+        out.append((batch, replace(rewards, prior=part, log_r=rewards.u + part)))
+    return out
+
+
+def row_prompts(batches: Iterable[Trajectories]) -> list[str]:
+    """The prompt of every row of ``batches``, in order."""
+    return [batch.prompt for batch in batches for _ in batch.rows]
+
+
 def correct_texts(task: Task, batch: Trajectories, rewards: Rewards) -> list[str]:
     """Texts of the on-policy rows that are a success for the task (one per row: Acc counts
     repeats)."""
@@ -227,17 +254,21 @@ def loss_step(
     **objective_kwargs: Any,
 ) -> LossResult | None:
     """Rescore a micro-batch, the rows of ``parts`` in order, under the current policy (one
-    teacher-forced forward with gradients per part's prompt), evaluate the objective on them
-    together and backpropagate weight x loss (the micro-batch's share of the step's rows). None,
-    with no backward, when the log-probabilities or the loss are not finite.
+    teacher-forced forward with gradients, each row with its part's prompt), evaluate the
+    objective on them together and backpropagate weight x loss (the micro-batch's share of the
+    step's rows). None, with no backward, when the log-probabilities or the loss are not finite.
 
     agree: for a model sharded across processes (whose backward is a collective), called once
     with whether this process's loss is finite; it returns whether every process's is, and all
-    skip the backward together otherwise.
+    skip the backward together otherwise (one forward per call, whatever the prompts, so every
+    process runs as many as the others).
     objective_kwargs: passed to the objective (VarGrad's ``log_z_hat`` held for the step)."""
-    scored = [policy.score(batch.prompt, batch.tokens, batch.length) for batch, _ in parts]
-    log_pf = torch.cat([pf for pf, _ in scored])
-    log_pterm = torch.cat([pterm for _, pterm in scored])
+    length = torch.cat([batch.length for batch, _ in parts])
+    log_pf, log_pterm = policy.score(
+        row_prompts(batch for batch, _ in parts),
+        torch.cat([batch.tokens for batch, _ in parts]),
+        length,
+    )
     loss: torch.Tensor | None = None
     if torch.isfinite(log_pf).all() and torch.isfinite(log_pterm).all():
         prefixes = to_prefix_batch(
@@ -245,7 +276,7 @@ def loss_step(
             log_pterm,
             torch.cat([rewards.log_r for _, rewards in parts]),
             torch.cat([rewards.u for _, rewards in parts]),
-            torch.cat([batch.length for batch, _ in parts]),
+            length,
         )
         loss, diagnostics = objective(prefixes, log_z, step, **objective_kwargs)
     if not agreed_finite(loss, agree) or loss is None:

@@ -69,6 +69,8 @@ from raptb.app.step import (
     loss_step,
     new_items,
     reward,
+    row_prompts,
+    with_prior,
 )
 from raptb.app.step_batch import (
     REPLAYED,
@@ -257,15 +259,18 @@ class Trainer:
         start = time.perf_counter()
         step = self._collect()
         weights = self.reward_schedule.at(self.step)
-        scored = [
-            (
-                piece,
-                reward(
-                    self.scorer, self.policy, piece, weights.kappa, weights.scale, weights.rescore
-                ),
-            )
-            for piece in step.pieces
-        ]
+        # task rewards piece by piece; the reference prior of all the step's rows in one forward
+        scored = with_prior(
+            self.policy,
+            [
+                (
+                    piece,
+                    reward(self.scorer, self.policy, piece, 0.0, weights.scale, weights.rescore),
+                )
+                for piece in step.pieces
+            ],
+            weights.kappa,
+        )
         correct = [
             text for piece, rewards in scored for text in correct_texts(self.task, piece, rewards)
         ]
@@ -320,13 +325,17 @@ class Trainer:
             return {}
         partial = []
         with torch.no_grad():
-            for parts in batches:
-                for batch, rewards in parts:
-                    log_pf, log_pterm = self.policy.score(batch.prompt, batch.tokens, batch.length)
-                    prefixes = to_prefix_batch(
-                        log_pf, log_pterm, rewards.log_r, rewards.u, batch.length
-                    )
-                    partial.append(self.objective.partial_residuals(prefixes))
+            for parts in batches:  # one forward per micro-batch, as its loss takes
+                length = torch.cat([batch.length for batch, _ in parts])
+                log_pf, log_pterm = self.policy.score(
+                    row_prompts(batch for batch, _ in parts),
+                    torch.cat([batch.tokens for batch, _ in parts]),
+                    length,
+                )
+                log_r = torch.cat([rewards.log_r for _, rewards in parts])
+                u = torch.cat([rewards.u for _, rewards in parts])
+                prefixes = to_prefix_batch(log_pf, log_pterm, log_r, u, length)
+                partial.append(self.objective.partial_residuals(prefixes))
         return {"log_z_hat": -torch.cat(partial).mean()}
 
     def _apply_gradients(self) -> None:

@@ -1,7 +1,8 @@
-"""Per-row prompts in one rollout: rows of prompts of different lengths, left-padded together,
-are the rows each prompt would give rolled out alone (tokens, lengths, both log-prob tensors
-within 1e-5), and their recorded log-probs are the teacher-forced ones of a separate forward pass
-per prompt (``HFPolicy.score``, which pads nothing)."""
+"""Per-row prompts in one rollout and in one rescoring forward: rows of prompts of different
+lengths, left-padded together, are the rows each prompt would give rolled out alone (tokens,
+lengths, both log-prob tensors within 1e-5), their recorded log-probs are the teacher-forced ones
+of a separate forward pass per prompt (``HFPolicy.score`` of one prompt, which pads nothing), and
+``score`` of mixed prompts equals ``score`` of each row alone."""
 
 from __future__ import annotations
 
@@ -72,3 +73,20 @@ def test_mixed_prompts_log_probs_are_teacher_forced(sharp_policy) -> None:
             log_pf, log_pterm = policy.score(prompt, r.tokens[b : b + 1], r.length[b : b + 1])
             torch.testing.assert_close(r.log_pf[b : b + 1], log_pf, atol=1e-5, rtol=0)
             torch.testing.assert_close(r.log_pterm[b : b + 1], log_pterm, atol=1e-5, rtol=0)
+
+
+def test_score_with_row_prompts_equals_scoring_each_prompt_alone(sharp_policy) -> None:
+    policy = sharp_policy
+    prompts = [PROMPTS[b % 3] for b in range(6)]
+    r = policy.sample(prompts, 6, min_length=1, max_length=6, generator=gen(2))
+    policy.model.eval()
+    with torch.no_grad():
+        log_pf, log_pterm = policy.score(prompts, r.tokens, r.length)
+        ref_pf, ref_pterm = policy.reference_score(prompts, r.tokens, r.length)
+        for b, prompt in enumerate(prompts):
+            one = slice(b, b + 1)
+            alone_pf, alone_pterm = policy.score(prompt, r.tokens[one], r.length[one])
+            torch.testing.assert_close(log_pf[one], alone_pf, atol=1e-5, rtol=0)
+            torch.testing.assert_close(log_pterm[one], alone_pterm, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ref_pf, log_pf, atol=1e-5, rtol=0)  # a fresh model is its reference
+    torch.testing.assert_close(ref_pterm, log_pterm, atol=1e-5, rtol=0)

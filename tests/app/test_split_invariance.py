@@ -80,7 +80,8 @@ def test_split_is_a_memory_knob(tmp_path: Path, loss: str, kind: str) -> None:
     assert used == {SAMPLED} | {"none": set(), "oracle": {ORACLE, REPLAYED}}.get(kind, {REPLAYED})
     for a, b in zip(split[0], whole[0], strict=True):
         for key in ("loss", "tb_residual_mean", "aux_loss", "acc", "replay_frac", "temperature"):
-            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), key
+            # abs: VarGrad's mean residual is 0 up to float32 cancellation of terms ~10
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-4), key
     for a, b in zip(split[2], whole[2], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)  # Adam: g / sqrt(v)
     assert split[3] == pytest.approx(whole[3], rel=1e-6, abs=1e-7)
