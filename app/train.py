@@ -191,7 +191,7 @@ class Trainer:
         self.buffer = build_buffer(config, self.task, self.policy, self.scorer)
         self.oracle = self.buffer if config.replay.kind == "oracle" else None
 
-        # shared by all ranks: the behaviour mix and replay draws (split by RankSlice)
+        # shared by all ranks: the step's plan (behaviour mix, replay and oracle draws)
         self.rng = np.random.default_rng(config.seed)
         # per rank: rollouts and dropout; rank 0 keeps the single-process streams
         self.sampling_seed = sampling_seed(config.seed, self.dist.rank)
