@@ -15,9 +15,9 @@ gradients (equal to the rollout's values up to float rounding when the model has
 in eval mode); ``reference_score`` does it without gradients for the frozen base model (the peft
 adapter disabled, or a frozen copy taken on first use). Both take a ``temperature`` (default 1):
 the log-probs of the softmax of logits / temperature, which the RL baselines score at their
-sampling temperature as TRL does; the GFlowNet objectives always score temperature 1. The
-prompt is tokenised once and shared by every row, so rows are aligned without padding; tokens
-after a row's stop are ignored.
+sampling temperature as TRL does; the GFlowNet objectives always score temperature 1. Each
+distinct prompt is tokenised once; rows of different prompts are left-padded to the longest (mask
+0, explicit positions), rows of one prompt need no padding; tokens after a row's stop are ignored.
 
 Activation checkpointing (:meth:`HFPolicy.enable_activation_checkpointing`, TRL's
 ``gradient_checkpointing``) applies to that teacher-forced pass: its blocks keep their inputs
@@ -39,6 +39,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from raptb.adapters.grammar import GrammarBatch
 from raptb.adapters.rollout import sample_rollout, token_log_probs
+from raptb.adapters.row_prompts import left_padded, row_prompt_ids
 from raptb.adapters.static_decode import DecodeMode, StaticDecoders, resolve_decode
 from raptb.adapters.tokens import token_texts
 from raptb.core.batch import PrefixBatch
@@ -163,7 +164,8 @@ class HFPolicy:
 
     sample = sample_rollout
     """``sample(prompt, n, *, min_length, max_length, temperature=1.0, generator=None)``: draw
-    ``n`` constrained trajectories, a ``Rollout`` (``raptb.adapters.rollout.sample_rollout``)."""
+    ``n`` constrained trajectories, a ``Rollout`` (``raptb.adapters.rollout.sample_rollout``); a
+    sequence of n prompts gives each row its own."""
 
     def enable_activation_checkpointing(self) -> None:
         """Checkpoint the model's blocks in training-mode forwards, i.e. in
@@ -190,7 +192,7 @@ class HFPolicy:
     def _forward_log_probs(
         self,
         model: PreTrainedModel,
-        prompt: str,
+        prompt: str | Sequence[str],
         tokens: torch.Tensor,
         length: torch.Tensor,
         hidden: bool = False,
@@ -205,24 +207,32 @@ class HFPolicy:
         tokens, length = tokens.to(device), length.to(device)
         if b and (int(length.min()) < 0 or int(length.max()) > big_t):
             raise ValueError(f"length: values must lie in [0, T={big_t}]")
-        prompt_ids = self.prompt_ids(prompt)
-        self.check_positions(len(prompt_ids), big_t)
+        rows = row_prompt_ids(self.prompt_ids, prompt, b) if b else []
+        # left-padded to the longest prompt (mask 0 on pads, each row's own positions), so every
+        # row's first generated token sits in the same column
+        ids, prompt_mask, positions = left_padded(
+            rows or [self.prompt_ids(prompt if isinstance(prompt, str) else "")],
+            self.pad_id,
+            device,
+        )
+        ids, prompt_mask, positions = ids[:b], prompt_mask[:b], positions[:b]
+        width = ids.shape[1]
+        self.check_positions(int(positions[:, -1].max()) + 1 if b else width, big_t)
         cols = torch.arange(big_t, device=device)
         token_mask = cols[None, :] < length[:, None]
         prefix_mask = torch.arange(big_t + 1, device=device)[None, :] <= length[:, None]
         # positions after the stop hold arbitrary ids; causal attention keeps them out of every
         # earlier prefix, so any valid id will do
         body = torch.where(token_mask, tokens, self.stop_id)
-        input_ids = torch.cat(
-            [torch.tensor([prompt_ids], device=device).expand(b, -1), body], dim=1
-        )
+        after = positions[:, -1:] + 1 + torch.arange(big_t, device=device)[None, :]
         out = model(
-            input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
+            input_ids=torch.cat([ids, body], dim=1),
+            attention_mask=torch.cat([prompt_mask, torch.ones_like(body)], dim=1),
+            position_ids=torch.cat([positions, after], dim=1),
             use_cache=False,
             output_hidden_states=hidden,
         )
-        logits = out.logits[:, len(prompt_ids) - 1 :, :]
+        logits = out.logits[:, width - 1 :, :]
         next_tokens = torch.cat([body, torch.full_like(body[:, :1], self.stop_id)], dim=1)
         token_lp, stop_lp = token_log_probs(logits, next_tokens, self.stop_id, temperature)
         log_pf = torch.where(token_mask, token_lp[:, :big_t], 0.0)
@@ -230,11 +240,16 @@ class HFPolicy:
         return (log_pf, log_pterm, out.hidden_states[-1]) if hidden else (log_pf, log_pterm)
 
     def score(
-        self, prompt: str, tokens: torch.Tensor, length: torch.Tensor, temperature: float = 1.0
+        self,
+        prompt: str | Sequence[str],
+        tokens: torch.Tensor,
+        length: torch.Tensor,
+        temperature: float = 1.0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced ``(log_pf [B, T], log_pterm [B, T+1])`` of given trajectories, one forward
         pass with gradients (the values the loss trains through), of the softmax of logits /
-        ``temperature``."""
+        ``temperature``. ``prompt``: every row's, or each row's (B prompts, left-padded together as
+        in the rollout)."""
         log_pf, log_pterm = self._forward_log_probs(
             self.model, prompt, tokens, length, temperature=temperature
         )
@@ -252,7 +267,11 @@ class HFPolicy:
 
     @torch.no_grad()
     def reference_score(
-        self, prompt: str, tokens: torch.Tensor, length: torch.Tensor, temperature: float = 1.0
+        self,
+        prompt: str | Sequence[str],
+        tokens: torch.Tensor,
+        length: torch.Tensor,
+        temperature: float = 1.0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``score`` under the frozen base model, without gradients (for kappa log P_ref).
 

@@ -10,17 +10,24 @@ with stop the only action at k = max_length (and, as a fallback, wherever nothin
 allowed). The recorded values are the untempered, unmasked log P_F of the chosen token and of stop
 at every visited prefix (objectives.md): ``log_pf`` [B, T] (column t < tau: the (t+1)-th token,
 0 after), ``log_pterm`` [B, T+1] (column k <= tau, 0 after), with T = max_length and tau = length.
+
+Rows may have different prompts (one rollout for a whole optimizer step): prompts are left-padded
+to the longest, with the attention mask 0 on the pads and explicit position ids (each row's own
+positions, 0 at its first prompt token), so a row's tokens and log-probs are those of rolling it
+out alone, up to float rounding.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from raptb.adapters.grammar import unpack_bitmask
 from raptb.adapters.rollout_record import Rollout, RolloutTimings, row_temperatures, token_log_probs
+from raptb.adapters.row_prompts import check_rollout_shape, left_padded, row_prompt_ids
 from raptb.adapters.static_decode import static_rollout
 
 if TYPE_CHECKING:  # the policy calls this module; only its type is needed here
@@ -30,7 +37,7 @@ if TYPE_CHECKING:  # the policy calls this module; only its type is needed here
 @torch.no_grad()
 def sample_rollout(
     policy: HFPolicy,
-    prompt: str,
+    prompt: str | Sequence[str],
     n: int,
     *,
     min_length: int,
@@ -39,6 +46,9 @@ def sample_rollout(
     generator: torch.Generator | None = None,
 ) -> Rollout:
     """Draw ``n`` constrained trajectories of ``policy`` (the module docstring states the mask).
+
+    prompt: every row's prompt, or each row's (a sequence of n prompts, left-padded together).
+    temperature: every row's behaviour temperature, or each row's (float [n]).
 
     The policy's ``decode_path`` "static" hands the rollout to ``static_rollout`` (same
     rollouts, static shapes, CUDA graphs on a GPU)."""
@@ -52,19 +62,16 @@ def sample_rollout(
             temperature=temperature,
             generator=generator,
         )
-    if n < 1:
-        raise ValueError(f"n: must be >= 1, got {n}")
-    if not 0 <= min_length <= max_length:
-        raise ValueError(
-            f"min_length, max_length: need 0 <= min_length <= max_length, got "
-            f"{min_length}, {max_length}"
-        )
+    check_rollout_shape(n, min_length, max_length)
     start = time.perf_counter()
     model_s = grammar_s = 0.0
     device = policy.device
     temp = row_temperatures(temperature, n).to(device)
-    prompt_ids = policy.prompt_ids(prompt)
-    policy.check_positions(len(prompt_ids), max_length)
+    prompt_ids, attention, positions = left_padded(
+        row_prompt_ids(policy.prompt_ids, prompt, n), policy.pad_id, device
+    )
+    width = prompt_ids.shape[1]
+    policy.check_positions(int(positions[:, -1].max()) + 1, max_length)
     big_t, num_legal = max_length, len(policy.legal_ids)
     # one gather of the legal columns and the stop column: the behaviour's sub-vocabulary
     sub_ids = torch.tensor([*policy.legal_ids, policy.stop_id], dtype=torch.long, device=device)
@@ -82,13 +89,15 @@ def sample_rollout(
     policy.model.eval()
     try:
         tic = time.perf_counter()
-        # an explicit all-ones attention mask: rows are aligned, nothing is padding
-        attention = torch.ones(n, len(prompt_ids) + big_t, dtype=torch.long, device=device)
+        # the prompt's mask (0 on left pads), then ones for the generated tokens
+        attention = torch.cat([attention, attention.new_ones(n, big_t)], dim=1)
         out = policy.model(
-            input_ids=torch.tensor([prompt_ids], device=device).expand(n, -1),
-            attention_mask=attention[:, : len(prompt_ids)],
+            input_ids=prompt_ids,
+            attention_mask=attention[:, :width],
+            position_ids=positions,
             use_cache=True,
         )
+        next_position = positions[:, -1:] + 1
         model_s += time.perf_counter() - tic
         idle = False  # every row of this rank has stopped (only while other ranks step on)
         for k in range(big_t + 1):
@@ -150,7 +159,8 @@ def sample_rollout(
             tic = time.perf_counter()
             out = policy.model(
                 input_ids=step_tokens[:, None],
-                attention_mask=attention[:, : len(prompt_ids) + k + 1],
+                attention_mask=attention[:, : width + k + 1],
+                position_ids=next_position + k,
                 past_key_values=out.past_key_values,
                 use_cache=True,
             )

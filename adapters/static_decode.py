@@ -42,6 +42,7 @@ from transformers import StaticCache
 
 from raptb.adapters.grammar import GrammarBatch, packed_width, unpack_bitmask
 from raptb.adapters.rollout_record import Rollout, RolloutTimings, row_temperatures, token_log_probs
+from raptb.adapters.row_prompts import check_rollout_shape, row_prompt_ids
 
 _log = logging.getLogger(__name__)
 
@@ -346,21 +347,11 @@ def static_rollout(
 ) -> Rollout:
     """``sample_rollout`` on the static path (module docstring): ``n`` constrained trajectories,
     ``prompt`` one text for every row or n texts, one per row (left-padded to the longest)."""
-    if n < 1:
-        raise ValueError(f"n: must be >= 1, got {n}")
-    if not 0 <= min_length <= max_length:
-        raise ValueError(
-            f"min_length, max_length: need 0 <= min_length <= max_length, got "
-            f"{min_length}, {max_length}"
-        )
+    check_rollout_shape(n, min_length, max_length)
     start = time.perf_counter()
     model_s = grammar_s = 0.0
     device = policy.device
-    prompt_texts = [prompt] * n if isinstance(prompt, str) else list(prompt)
-    if len(prompt_texts) != n:
-        raise ValueError(f"prompt: expected one text or {n} texts, got {len(prompt_texts)}")
-    encoded = {text: policy.prompt_ids(text) for text in dict.fromkeys(prompt_texts)}
-    prompts = [encoded[text] for text in prompt_texts]
+    prompts = row_prompt_ids(policy.prompt_ids, prompt, n)
     prompt_len = max(len(ids) for ids in prompts)
     policy.check_positions(prompt_len, max_length)
     temp = row_temperatures(temperature, n)

@@ -154,10 +154,13 @@ class TrainConfig(Section):
     def _rl_without_replay(self) -> TrainConfig:
         if self.loss in RL_LOSSES and self.replay.kind != "none":
             raise ValueError(f"--loss {self.loss} trains on-policy: it takes replay 'none' only")
-        if self.loss == "grpo" and self.optim.batch_size % self.rl.num_generations:
+        rows = self.optim.batch_size * self.optim.grad_accum
+        group = self.rl.num_generations
+        if self.loss == "grpo" and (rows % group or self.optim.rows_per_prompt % group):
             raise ValueError(
-                f"batch_size {self.optim.batch_size} must be a multiple of "
-                f"rl.num_generations {self.rl.num_generations} (whole GRPO groups)"
+                f"batch_size x grad_accum {rows} and rows_per_prompt "
+                f"{self.optim.rows_per_prompt} must each be a multiple of rl.num_generations "
+                f"{group} (whole GRPO groups of one prompt)"
             )
         return self
 

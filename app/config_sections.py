@@ -99,9 +99,18 @@ class OptimConfig(Section):
     log_z_lr: Positive = Field(0.1, description="logZ learning rate.")
     log_z_init: Finite = Field(0.0, description="Initial logZ.")
     weight_decay: NonNegative = Field(0.0, description="Policy weight decay (logZ has none).")
-    batch_size: Annotated[int, Field(ge=1)] = Field(32, description="Trajectories per micro-batch.")
+    batch_size: Annotated[int, Field(ge=1)] = Field(
+        32,
+        description="Trajectories per micro-batch: a step's batch_size x grad_accum rows are "
+        "rolled out together, and the loss runs over micro-batches of batch_size (memory only).",
+    )
     grad_accum: Annotated[int, Field(ge=1)] = Field(
         4, description="Micro-batches per optimizer step."
+    )
+    rows_per_prompt: Annotated[int, Field(ge=1)] = Field(
+        32,
+        description="Consecutive rows of a step that share a prompt; a step's rows take "
+        "ceil(rows / rows_per_prompt) prompts in turn (independent of the micro-batch split).",
     )
     clip: Positive | None = Field(0.5, description="Gradient-norm clip; None: no clipping.")
     gradient_checkpointing: bool = Field(
@@ -115,13 +124,13 @@ class OptimConfig(Section):
 
 
 class SamplingConfig(Section):
-    """Behaviour policy of on-policy batches."""
+    """Behaviour policy of on-policy rows."""
 
     temp_hi: TemperaturePair = Field((1.5, 1.0), description="T_hi schedule (start, end).")
     temp_lo: TemperaturePair = Field((0.8, 1.0), description="T_lo schedule (start, end).")
     low_temp_prob: Probability = Field(
         0.666,
-        description="Probability that an on-policy batch uses a temperature drawn from "
+        description="Probability that an on-policy row is sampled at a temperature drawn from "
         "[T_lo, T_hi] (otherwise 1).",
     )
     decode: DecodeMode = Field(
@@ -147,15 +156,17 @@ class ReplayConfig(Section):
     capacity: Annotated[int, Field(ge=1)] = Field(200, description="Items kept per prompt.")
     p_replay: ProbabilityPair = Field(
         (0.5, 0.25),
-        description="Probability that a micro-batch is drawn from the buffer (start, end).",
+        description="Probability that a row is drawn from the buffer (start, end).",
     )
     p_oracle: ProbabilityPair = Field(
         (0.75, 0.25),
-        description="Oracle replay: probability that an on-policy batch has rows spliced from "
-        "the oracle (start, end).",
+        description="Oracle replay: with oracle_fraction, an on-policy row is replaced by an "
+        "oracle solution with probability p_oracle x oracle_fraction (start, end).",
     )
     oracle_fraction: Probability = Field(
-        0.7, description="Oracle replay: fraction of a spliced batch's rows replaced."
+        0.7,
+        description="Oracle replay: the factor of p_oracle (the paper's fraction of a "
+        "spliced batch's rows).",
     )
     subm_weights: SubmWeights | None = Field(
         None,

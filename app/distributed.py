@@ -1,12 +1,14 @@
 """Data-parallel training across processes started by ``accelerate launch`` (or torchrun).
 
-Every rank runs the whole trainer on its share of each micro-batch; the rules that keep the ranks
+Every rank runs the whole trainer on its share of each step's rows; the rules that keep the ranks
 one training run:
 
 - Batch: ``optim.batch_size`` is the *global* micro-batch (trajectories per micro-batch summed
   over ranks), so a config means the same training on any number of processes. Each rank takes
   batch_size / world rows; a batch that does not split evenly is refused. The global batch of an
-  optimizer step is batch_size x grad_accum (= per-rank micro-batch x grad_accum x world).
+  optimizer step is batch_size x grad_accum (= per-rank micro-batch x grad_accum x world): its
+  rows are planned on every rank alike (app.step_batch), and each rank rolls out and trains on
+  its contiguous share of them.
 - Seeds: initialisation (model, LoRA, logZ, the numpy RNG of the behaviour mix and replay draws)
   uses ``seed`` on every rank, so all ranks start equal and take the same mix decisions. Rollouts
   and dropout use :func:`sampling_seed`: ``seed`` on rank 0 (a 1-process launch reproduces a plain
@@ -19,11 +21,12 @@ one training run:
   weights and identical optimizer states keep every rank's parameters and logZ equal.
   The objectives that average per trajectory (tb, raptb, avg_prefix_tb, root_subtb_logz, subtb
   with per-trajectory normalisation) then equal their single-process value; batch statistics
-  (vargrad's logZ estimate) are computed per rank, like unsynchronised batch norm.
-- Replay: each micro-batch's new items are gathered from all ranks (rank order) and every rank
-  adds the same list to its own buffer; the refresh (SubM selection, RP/PRT insertion) is
-  deterministic, so all buffers stay identical without a broadcast. Draws go through
-  :class:`RankSlice`: one draw of world x n rows from the shared RNG, each rank taking its slice.
+  (vargrad's logZ estimate, held over the rank's share of the step) are computed per rank, like
+  unsynchronised batch norm. GRPO's advantages and token count are the whole step's (one gather).
+- Replay: each step's new items are gathered from all ranks (rank order) and every rank adds the
+  same list to its own buffer; the refresh (SubM selection, RP/PRT insertion) is deterministic, so
+  all buffers stay identical without a broadcast. Every rank draws the step's replay rows for all
+  ranks from the shared RNG (the same draw everywhere) and keeps its own rows'.
 - Checkpoints: rank 0 writes; the file holds every rank's RNG states (:func:`rank_rng_state`).
   Resuming on the same world size restores each rank's streams exactly; on another world size the
   run continues with a warning (ranks without a saved stream get a fresh one).
@@ -49,7 +52,7 @@ import torch.distributed as dist
 
 from raptb.app.sharding import ShardingPlan, is_sharded, plan_from_accelerate
 from raptb.app.step import LossResult
-from raptb.core.replay import ReplayBuffer, ReplayItem
+from raptb.core.replay import ReplayItem
 
 T = TypeVar("T")
 
@@ -288,28 +291,6 @@ def combine_micro_batch(
 
 
 # --- replay ------------------------------------------------------------------------------------
-
-
-class RankSlice:
-    """A buffer's draws split across ranks: ``sample(n)`` draws world x n rows with the (shared,
-    identically seeded) RNG and returns this rank's n, so the ranks' rows are one draw, never the
-    same draw repeated. Everything else reads the underlying buffer."""
-
-    def __init__(self, buffer: ReplayBuffer, ctx: DistContext) -> None:
-        self.buffer = buffer
-        self.ctx = ctx
-
-    def prompts(self) -> list[str]:
-        return self.buffer.prompts()
-
-    def __len__(self) -> int:
-        return len(self.buffer)
-
-    def sample(
-        self, n: int, rng: np.random.Generator, prompt: str | None = None
-    ) -> list[ReplayItem]:
-        rows = self.buffer.sample(n * self.ctx.world_size, rng, prompt)
-        return rows[self.ctx.rank * n : (self.ctx.rank + 1) * n]
 
 
 # --- RNG state for checkpoints -----------------------------------------------------------------

@@ -1,11 +1,11 @@
-"""One micro-batch of the RL baselines (PPO, GRPO) on the GFlowNet trainer's rollout and reward.
+"""The stages of the RL baselines (PPO, GRPO) on the GFlowNet trainer's rollout and reward.
 
-    collect (app.step)  -> Trajectories   on-policy, constrained rollout of B rows for one prompt
+    app.step_batch      -> Trajectories   the step's on-policy rows, one rollout, pieces by prompt
     reward (app.step)   -> Rewards        per-prefix task rewards u (and kappa log P_ref for log R)
     sequence_rewards    -> [B]            the terminal reward each sequence is judged by
     rl_loss_step        -> LossResult     rescoring in the action layout, reference, loss, backward
 
-For GRPO the B rows of one prompt are B / num_generations consecutive groups (``core.grpo``).
+For GRPO a prompt's rows are consecutive groups of num_generations (``core.grpo``).
 GRPO takes one optimisation pass per rollout (TRL's ``num_iterations = 1``): the old log-probs
 are the current ones detached, so every ratio is 1 in value while its gradient is that of log pi,
 exactly as TRL computes it without a second pass. PPO's several passes per rollout are
@@ -17,7 +17,9 @@ GFlowNet objectives score T = 1 whatever they sampled at.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import fields
+from typing import Any
 
 import torch
 
@@ -107,28 +109,46 @@ def rl_batch(
     )
 
 
+def joined(batches: Sequence[RLBatch]) -> RLBatch:
+    """One RLBatch of the rows of ``batches`` (same action width), in order."""
+    if len(batches) == 1:
+        return batches[0]
+
+    def cat(name: str) -> torch.Tensor | None:
+        values = [getattr(b, name) for b in batches]
+        return None if values[0] is None else torch.cat(values)
+
+    return RLBatch(
+        **{f.name: cat(f.name) for f in fields(RLBatch)}  # type: ignore[arg-type]
+    )
+
+
 def rl_loss_step(
     policy: HFPolicy,
     objective: RLObjective,
-    batch: Trajectories,
-    terminal: torch.Tensor,
-    grad_accum: int,
+    parts: Sequence[tuple[Trajectories, torch.Tensor]],
+    weight: float,
     *,
     value_head: ValueHead | None = None,
     agree: Callable[[bool], bool] | None = None,
+    **objective_kwargs: Any,
 ) -> LossResult | None:
-    """Evaluate ``objective`` on ``batch`` with terminal rewards ``terminal`` [B] and
-    backpropagate loss / grad_accum. None, with no backward, when the loss is not finite.
+    """Evaluate ``objective`` on a micro-batch, the rows of ``parts`` (each a piece of one prompt
+    with its terminal rewards [b]) in order, and backpropagate weight x loss (weight: the
+    micro-batch's share of the step). None, with no backward, when the loss is not finite.
 
     agree: with several processes, called once with whether this process's loss is finite; it
-    returns whether every process's is, so that all skip the backward (and the step) together."""
-    rl = rl_batch(
-        policy, batch, terminal, value_head=value_head, reference=needs_reference(objective)
-    )
+    returns whether every process's is, so that all skip the backward (and the step) together.
+    objective_kwargs: passed to the objective (GRPO: the step's advantages and token count)."""
+    reference = needs_reference(objective)
+    batches = [
+        rl_batch(policy, batch, terminal, value_head=value_head, reference=reference)
+        for batch, terminal in parts
+    ]
     loss: torch.Tensor | None = None
-    if rl is not None:
-        loss, diagnostics = objective(rl)
+    if all(b is not None for b in batches):
+        loss, diagnostics = objective(joined(batches), **objective_kwargs)  # type: ignore[arg-type]
     if not agreed_finite(loss, agree) or loss is None:
         return None
-    (loss / grad_accum).backward()
+    (loss * weight).backward()
     return LossResult(float(loss.detach()), diagnostics)

@@ -6,9 +6,11 @@ What differs from ``app.train.Trainer``: the loss is ``core.grpo`` / ``core.ppo`
 'none') and logZ is never trained (it stays in the optimizer without a gradient); rollouts are
 on-policy at ``rl.temperature`` (``[sampling]`` is not read); PPO's value head sits on
 the policy's last hidden states, is trained at the policy's learning rate without weight decay,
-and is saved in ``trainer.pt``. GRPO takes one optimizer step per logged step (its micro-batches
-accumulated, as the GFlowNet trainer); PPO's logged step is one PPO update on TRL's schedule
-(``app.ppo_update``): the step's grad_accum micro-batches are rolled out, then
+and is saved in ``trainer.pt``. Both roll out a step's batch_size x grad_accum rows at once
+(app.step_batch). GRPO takes one optimizer step per logged step over that generation batch, as
+TRL: advantages over all its rows (every process's), dapo/cispo normalised by all its actions,
+the loss accumulated over micro-batches of batch_size rows; PPO's logged step is one PPO update
+on TRL's schedule (``app.ppo_update``): the step's rows are fixed micro-batch by micro-batch, then
 ``rl.num_ppo_epochs`` x ``rl.num_mini_batches`` optimizer steps train on them, with dropout off in
 the policy and the value head (as TRL's PPO). The reference model (adapter disabled, or a frozen
 copy taken before the first step) is only evaluated when the KL penalty is on (GRPO beta, PPO
@@ -39,33 +41,65 @@ from raptb.app.ppo_update import (
     step_targets,
 )
 from raptb.app.rl_step import needs_reference, rl_loss_step, sequence_rewards
-from raptb.app.step import LossResult, Trajectories, correct_texts, reward, roll_out
-from raptb.app.train import Trainer, TrainingError, _MicroStats
+from raptb.app.step import LossResult, Mix, Trajectories, correct_texts, reward
+from raptb.app.step_batch import collect_step, micro_batches, plan_rows
+from raptb.app.train import Trainer, TrainingError, step_result
+from raptb.core.advantages import group_advantages
+from raptb.core.grpo import GRPO
 from raptb.core.ppo import PPO
 from raptb.core.rl_objectives import RLObjective, rl_objective_by_name
 
 
-@dataclass
-class _RLStats(_MicroStats):
-    rewards: list[float]
-    """The micro-batch's terminal rewards."""
-
-
 @dataclass(frozen=True)
 class _Rollout:
-    """One micro-batch's rollout: sequences, terminal rewards [B], and what the record counts."""
+    """The step's rows on this process: pieces of one prompt each (app.step_batch), the terminal
+    reward [b] of each piece's rows, and the successful on-policy texts."""
 
-    batch: Trajectories
-    terminal: torch.Tensor
+    pieces: tuple[Trajectories, ...]
+    terminal: tuple[torch.Tensor, ...]
     correct: list[str]
 
     @property
     def on_policy(self) -> int:
-        return len(self.batch.on_policy)
+        return sum(len(piece.on_policy) for piece in self.pieces)
 
     @property
     def rewards(self) -> list[float]:
-        return self.terminal.tolist()
+        return torch.cat(self.terminal).tolist()
+
+    def micro_batches(self, size: int) -> list[list[tuple[Trajectories, torch.Tensor]]]:
+        """Consecutive micro-batches of ``size`` rows, each as (piece rows, their terminal)."""
+        sizes = [len(piece.rows) for piece in self.pieces]
+        return [
+            [(self.pieces[i].take(rows), self.terminal[i][rows]) for i, rows in parts]
+            for parts in micro_batches(sizes, size)
+        ]
+
+
+@dataclass(frozen=True)
+class _RLStats:
+    """What the record reads of a step's rollout (over all processes) or of a loss pass."""
+
+    loss: float
+    diagnostics: dict[str, float]
+    on_policy: int
+    hits: int
+    rewards: list[float]
+
+
+def on_policy_mix(temperature: float) -> Mix:
+    """Every row on-policy at ``temperature`` (``rl.temperature``, TRL's per-method default), at
+    which app.rl_step scores log pi as TRL does, so the sampling policy is the trained one up to
+    the grammar mask: no replay, no oracle, and the "low temperature" draw always taken on the
+    one-point range [T, T]."""
+    return Mix(
+        p_replay=0.0,
+        low_temp_prob=1.0,
+        temp_lo=temperature,
+        temp_hi=temperature,
+        p_oracle=0.0,
+        oracle_fraction=0.0,
+    )
 
 
 class RLTrainer(Trainer):
@@ -76,12 +110,6 @@ class RLTrainer(Trainer):
 
     def _build_objective(self) -> RLObjective:
         cfg = self.cfg
-        if cfg.loss == "grpo" and self.rank_batch % cfg.rl.num_generations:
-            raise TrainingError(
-                f"each of the {self.dist.world_size} processes samples {self.rank_batch} rows, "
-                f"not a multiple of rl.num_generations {cfg.rl.num_generations} (whole GRPO "
-                "groups per process): change optim.batch_size or the number of processes"
-            )
         rows = cfg.optim.grad_accum * self.rank_batch
         if cfg.loss == "ppo" and rows % cfg.rl.num_mini_batches:
             raise TrainingError(
@@ -117,57 +145,86 @@ class RLTrainer(Trainer):
         if self.value_head is not None:
             self.value_head.load_state_dict(saved["value_head"])
 
-    def _roll_out(self, prompt: str) -> _Rollout:
-        """This process's share of one micro-batch for ``prompt``, its task rewards and the
+    def _roll_out(self) -> _Rollout:
+        """This process's share of the step's rows (one rollout), their task rewards and the
         terminal reward each row is judged by."""
         cfg = self.cfg
-        # on-policy at rl.temperature, at which app.rl_step scores log pi (as TRL), so the
-        # sampling policy is the trained one up to the grammar mask
-        # (each process its share of the global micro-batch, as for the GFlowNet objectives)
-        batch = roll_out(
-            self.policy, self.task, prompt, self.rank_batch, cfg.rl.temperature, self.generator
+        own, prompts = self._step_rows()
+        plan = plan_rows(
+            prompts, on_policy_mix(cfg.rl.temperature), buffer=None, oracle=None, rng=self.rng
         )
+        step = collect_step(self.policy, self.task, plan, own, generator=self.generator)
         weights = self.reward_schedule.at(self.step)  # lambda and T_R schedules apply here too
         kappa = weights.kappa if cfg.rl.reward == "log_r" else 0.0
-        rewards = reward(self.scorer, self.policy, batch, kappa, weights.scale)
-        correct = correct_texts(self.task, batch, rewards)
-        terminal = sequence_rewards(rewards, batch.length, cfg.rl.reward)
-        return _Rollout(batch, terminal, correct)
+        terminal, correct = [], []
+        for piece in step.pieces:
+            rewards = reward(self.scorer, self.policy, piece, kappa, weights.scale)
+            correct += correct_texts(self.task, piece, rewards)
+            terminal.append(sequence_rewards(rewards, piece.length, cfg.rl.reward))
+        return _Rollout(step.pieces, tuple(terminal), correct)
 
-    def _micro_batch(self, prompt: str) -> _RLStats | None:
-        """Roll out, score and backpropagate one micro-batch in a single pass (GRPO's step; for
-        PPO, the one-epoch schedule without the whole-step advantages)."""
-        rollout = self._roll_out(prompt)
-        result = rl_loss_step(
-            self.policy,
-            self.objective,
-            rollout.batch,
-            rollout.terminal,
-            self.cfg.optim.grad_accum,
-            value_head=self.value_head,
-            agree=self.dist.all_true if self.dist.sharding else None,
-        )
-        # over all processes, as for the GFlowNet objectives: the record and unique_correct
-        # count every rank's rows, and a non-finite loss anywhere skips the step everywhere
+    def _grpo_step(self, objective: GRPO) -> dict[str, Any] | None:
+        """GRPO's step, as TRL's over one generation batch: roll out the step's rows, take the
+        advantages over all of them (every process's: ``scale_rewards = "batch"`` divides by
+        their std) and normalise dapo/cispo by their action count, then backpropagate the loss
+        over micro-batches of batch_size rows. None when the loss is not finite somewhere."""
+        self.policy.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        rollout = self._roll_out()
+        terminal = torch.cat(rollout.terminal)
+        actions = int(sum(int(piece.length.sum()) + len(piece.rows) for piece in rollout.pieces))
+        # one gather: every process's rewards (rank order = row order) and action count
+        shared = self.dist.all_gather_object((terminal.tolist(), actions))
+        everyone = torch.tensor([r for rank, _ in shared for r in rank], dtype=terminal.dtype)
+        adv, std = group_advantages(everyone, objective.num_generations, objective.scale_rewards)
+        own = slice(self.dist.rank * len(terminal), (self.dist.rank + 1) * len(terminal))
+        adv, std = adv[own].to(terminal.device), std[own].to(terminal.device)
+        num_items = sum(count for _, count in shared) / self.dist.world_size
+        batches = rollout.micro_batches(self.rank_batch)
+        agree = self.dist.all_true if self.dist.sharding else None
+        results: list[tuple[int, LossResult]] = []
+        first = 0
+        for parts in batches:
+            size = sum(len(batch.rows) for batch, _ in parts)
+            rows = slice(first, first + size)
+            first += size
+            result = rl_loss_step(
+                self.policy,
+                objective,
+                parts,
+                1.0 / len(batches),
+                agree=agree,
+                advantages=(adv[rows], std[rows]),
+                num_items_in_batch=num_items,
+                grad_accum=len(batches),
+            )
+            if result is None:
+                break
+            results.append((size, result))
+        finite = len(results) == len(batches)
         totals = combine_micro_batch(
-            self.dist, result, rollout.correct, rollout.on_policy, rewards=rollout.rewards
+            self.dist,
+            step_result(results) if finite else None,
+            rollout.correct,
+            rollout.on_policy,
+            rewards=rollout.rewards,
         )
         self.correct_seen.update(totals.correct)
         if not totals.finite:
+            self.optimizer.zero_grad(set_to_none=True)
             return None
-        return _RLStats(
-            loss=totals.loss,
-            diagnostics=totals.diagnostics,
-            on_policy=totals.on_policy,
-            hits=len(totals.correct),
-            replayed=False,
-            temperature=rollout.batch.temperature,
-            rewards=totals.rewards,
+        self._apply_gradients()
+        stats = _RLStats(
+            totals.loss, totals.diagnostics, totals.on_policy, len(totals.correct), totals.rewards
         )
+        return self._record([stats], [stats], time.perf_counter() - start)
 
     def _optimizer_step(self) -> dict[str, Any] | None:
+        if isinstance(self.objective, GRPO):
+            return self._grpo_step(self.objective)
         if self.value_head is None or not isinstance(self.objective, PPO):
-            return super()._optimizer_step()
+            raise TrainingError(f"no RL step for {type(self.objective).__name__}")
         return self._ppo_update(self.objective, self.value_head)
 
     def _ppo_update(self, objective: PPO, value_head: ValueHead) -> dict[str, Any] | None:
@@ -176,28 +233,25 @@ class RLTrainer(Trainer):
         None, with every process skipping together, when a rollout quantity or a loss is not
         finite (the optimizer steps already taken in this update stay)."""
         cfg = self.cfg
-        prompts = self.task.prompts()
         self.policy.model.train()
         value_head.train()
         start = time.perf_counter()
-        first = self.step * cfg.optim.grad_accum
-        rollouts = [
-            self._roll_out(prompts[(first + micro) % len(prompts)])
-            for micro in range(cfg.optim.grad_accum)
-        ]
-        # the step's rollouts over all processes: what the record and unique_correct count
+        rollout = self._roll_out()
+        # the step's rollout over all processes: what the record and unique_correct count
         seen = combine_micro_batch(
             self.dist,
             LossResult(0.0, {}),
-            [text for r in rollouts for text in r.correct],
-            sum(r.on_policy for r in rollouts),
-            rewards=[value for r in rollouts for value in r.rewards],
+            rollout.correct,
+            rollout.on_policy,
+            rewards=rollout.rewards,
         )
         self.correct_seen.update(seen.correct)
         reference = needs_reference(objective)
+        # old log-probs and values micro-batch by micro-batch (memory), a prompt per forward
         fixed = [
-            fixed_rollout(self.policy, value_head, r.batch, r.terminal, reference=reference)
-            for r in rollouts
+            fixed_rollout(self.policy, value_head, batch, terminal, reference=reference)
+            for parts in rollout.micro_batches(self.rank_batch)
+            for batch, terminal in parts
         ]
         kept: list[PPORollout] = [f for f in fixed if f is not None]
         if self.dist.any_true(len(kept) < len(fixed)):
@@ -228,16 +282,11 @@ class RLTrainer(Trainer):
             diagnostics=losses.diagnostics,
             on_policy=seen.on_policy,
             hits=len(seen.correct),
-            replayed=False,
-            temperature=cfg.rl.temperature,
             rewards=seen.rewards,
         )
         record = self._record([stats], [stats], time.perf_counter() - start)
         record["ppo_updates"] = len(passes)
         return record
-
-    def _step_record(self, stats: list[Any], seconds: float) -> dict[str, Any]:
-        return self._record(stats, stats, seconds)
 
     def _record(
         self, rollouts: Sequence[Any], passes: Sequence[Any], seconds: float

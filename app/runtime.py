@@ -239,7 +239,7 @@ class PrefixScorer:
 
 
 def reference_log_prob(
-    policy: HFPolicy, prompt: str, tokens: torch.Tensor, length: torch.Tensor
+    policy: HFPolicy, prompt: str | Sequence[str], tokens: torch.Tensor, length: torch.Tensor
 ) -> torch.Tensor:
     """log P_ref(prefix_k + stop) [B, T+1] from the frozen reference model (0 after tau)."""
     ref_pf, ref_pterm = policy.reference_score(prompt, tokens, length)

@@ -1,20 +1,21 @@
-"""One training micro-batch as four stages that pass typed values on.
+"""The stages of a training step on pieces of rows (one prompt, one kind each), typed values on.
 
-    collect        -> Trajectories   rollout, replay draw or oracle splice (replay.md)
+    app.step_batch -> Trajectories   the step's rows: one rollout, replay and oracle rows
     reward         -> Rewards        task scores per prefix, u, the reference prior kappa log P_ref
-    loss_step      -> LossResult     teacher-forced rescoring, objective, backward
+    loss_step      -> LossResult     teacher-forced rescoring, objective, backward (a micro-batch)
     new_items                        the on-policy rows as replay items, for the buffer update
 
-The trainer calls them in this order (``Trainer._micro_batch``) and ``benchmarks/train_step.py``
-times the same functions. Tokens stay tensors on the policy's device from the rollout to the loss;
-their host copy (``Trajectories.rows``) and the texts are the rollout's own, so nothing is
-decoded or rebuilt; task rewards become a tensor once, in ``reward``.
+The trainer calls them in this order (``Trainer._optimizer_step``) and
+``benchmarks/train_step.py`` times the same functions. Tokens stay tensors on the policy's device
+from the rollout to the loss; their host copy (``Trajectories.rows``) and the texts are the
+rollout's own, so nothing is decoded or rebuilt; task rewards become a tensor once, in
+``reward``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -23,20 +24,21 @@ import torch
 from raptb.adapters.policy import HFPolicy, to_prefix_batch
 from raptb.adapters.registry import task_spec
 from raptb.adapters.rollout import RolloutTimings
-from raptb.app.runtime import PrefixScorer, ScoredRows, pad_rows, reference_log_prob
+from raptb.app.runtime import PrefixScorer, ScoredRows, reference_log_prob
 from raptb.core.objectives import Objective
 from raptb.core.ports import Score, Task
-from raptb.core.replay import ReplayBuffer, ReplayItem
+from raptb.core.replay import ReplayItem
 
 
 @dataclass(frozen=True)
 class Mix:
     """The behaviour mix of one optimizer step (replay.md), its schedules evaluated at the step.
 
-    p_replay: probability that a micro-batch is drawn whole from the buffer.
-    low_temp_prob: probability that a rollout uses a temperature drawn from [temp_lo, temp_hi].
-    p_oracle: probability that a fraction ``oracle_fraction`` of a rollout's rows is replaced by
-        oracle solutions (Oracle replay only).
+    p_replay: probability that a row is drawn from the buffer (app.step_batch: per row).
+    low_temp_prob: probability that an on-policy row uses a temperature drawn from
+        [temp_lo, temp_hi].
+    p_oracle: with ``oracle_fraction``, an on-policy row is replaced by an oracle solution with
+        probability p_oracle x oracle_fraction (Oracle replay only).
     """
 
     p_replay: float
@@ -49,7 +51,7 @@ class Mix:
 
 @dataclass(frozen=True)
 class Trajectories:
-    """The B trajectories of one micro-batch for one prompt.
+    """B trajectories of one prompt (a piece of a step, or one micro-batch's rows of it).
 
     tokens: LongTensor [B, T] on the policy's device, ``pad_id`` after each row's stop.
     length: LongTensor [B] (tau, tokens before the stop), same device.
@@ -59,8 +61,8 @@ class Trajectories:
         for Acc and enter the buffer.
     stored_u: float64 [B, T+1], the task-only rewards stored with replayed items (0 after tau);
         None when the batch was sampled.
-    temperature: the rollout's temperature (1.0 for a replayed batch).
-    timings: the rollout's timings; None for a replayed batch.
+    temperature: the mean behaviour temperature of its rows (1.0 for stored rows).
+    timings: the rollout's timings when it is a rollout of its own; else None.
     """
 
     prompt: str
@@ -76,6 +78,22 @@ class Trajectories:
     @property
     def replayed(self) -> bool:
         return self.stored_u is not None
+
+    def take(self, rows: slice) -> Trajectories:
+        """Its rows ``rows`` (on_policy renumbered)."""
+        kept = range(len(self.rows))[rows]
+        on_policy = set(self.on_policy)
+        return Trajectories(
+            prompt=self.prompt,
+            tokens=self.tokens[rows],
+            length=self.length[rows],
+            rows=self.rows[rows],
+            texts=self.texts[rows],
+            on_policy=tuple(i for i, b in enumerate(kept) if b in on_policy),
+            stored_u=None if self.stored_u is None else self.stored_u[rows],
+            temperature=self.temperature,
+            timings=None,
+        )
 
 
 @dataclass(frozen=True)
@@ -97,70 +115,27 @@ class Rewards:
     s_host: np.ndarray | None = None
     """float64 [B, T+1], the task scores S per prefix (u = scale S); None with ``scores``."""
 
+    def take(self, rows: slice) -> Rewards:
+        """The rewards of rows ``rows``."""
+        return Rewards(
+            u_host=self.u_host[rows],
+            scores=None if self.scores is None else self.scores[rows],
+            u=self.u[rows],
+            prior=None if self.prior is None else self.prior[rows],
+            log_r=self.log_r[rows],
+            s_host=None if self.s_host is None else self.s_host[rows],
+        )
+
 
 @dataclass(frozen=True)
 class LossResult:
-    """The micro-batch's loss (before the 1/grad_accum scaling) and the objective's diagnostics."""
+    """A micro-batch's loss (before its weight in the step) and the objective's diagnostics."""
 
     loss: float
     diagnostics: dict[str, float]
 
 
-# --- collect -----------------------------------------------------------------------------------
-
-
-def collect(
-    policy: HFPolicy,
-    task: Task,
-    prompt: str,
-    n: int,
-    mix: Mix,
-    *,
-    buffer: ReplayBuffer | None,
-    oracle: ReplayBuffer | None,
-    rng: np.random.Generator,
-    generator: torch.Generator,
-) -> Trajectories:
-    """``n`` trajectories for ``prompt``: drawn from ``buffer`` with probability ``mix.p_replay``
-    when it holds items for the prompt, else rolled out (then partly replaced by ``oracle``
-    solutions with probability ``mix.p_oracle``). ``rng`` draws every choice, in this order."""
-    if buffer is not None and prompt in buffer.prompts() and rng.random() < mix.p_replay:
-        return draw_replay(policy, buffer, prompt, n, task.max_length, rng)
-    temperature = 1.0
-    if rng.random() < mix.low_temp_prob:
-        temperature = float(rng.uniform(mix.temp_lo, mix.temp_hi))
-    batch = roll_out(policy, task, prompt, n, temperature, generator)
-    if oracle is not None and rng.random() < mix.p_oracle:
-        batch = splice_oracle(policy, batch, oracle, mix.oracle_fraction, rng)
-    return batch
-
-
-def draw_replay(
-    policy: HFPolicy,
-    buffer: ReplayBuffer,
-    prompt: str,
-    n: int,
-    max_length: int,
-    rng: np.random.Generator,
-) -> Trajectories:
-    """``n`` items of ``buffer`` for ``prompt``, their stored tokens padded once to [n, T]."""
-    items = buffer.sample(n, rng, prompt)
-    stored_u = np.zeros((n, max_length + 1))
-    for b, item in enumerate(items):
-        stored_u[b, : item.length + 1] = item.u
-    device = policy.device
-    rows = tuple(item.tokens for item in items)
-    return Trajectories(
-        prompt=prompt,
-        tokens=pad_rows(rows, max_length, policy.pad_id).to(device),
-        length=torch.tensor([len(r) for r in rows], dtype=torch.long, device=device),
-        rows=rows,
-        texts=tuple(item.text for item in items),
-        on_policy=(),
-        stored_u=stored_u,
-        temperature=1.0,
-        timings=None,
-    )
+# --- rows ------------------------------------------------------------------------------------
 
 
 def roll_out(
@@ -171,7 +146,7 @@ def roll_out(
     temperature: float,
     generator: torch.Generator,
 ) -> Trajectories:
-    """``n`` constrained rollouts at ``temperature``; every row is on-policy."""
+    """``n`` constrained rollouts of one prompt at ``temperature``; every row is on-policy."""
     rollout = policy.sample(
         prompt,
         n,
@@ -190,39 +165,6 @@ def roll_out(
         stored_u=None,
         temperature=temperature,
         timings=rollout.timings,
-    )
-
-
-def splice_oracle(
-    policy: HFPolicy,
-    batch: Trajectories,
-    oracle: ReplayBuffer,
-    fraction: float,
-    rng: np.random.Generator,
-) -> Trajectories:
-    """``batch`` with round(fraction * B) random rows replaced by oracle solutions (teacher-forced,
-    scored like the others, but neither counted for Acc nor added to a buffer)."""
-    n, max_length = batch.tokens.shape
-    swap = [int(b) for b in rng.choice(n, size=round(fraction * n), replace=False)]
-    items = oracle.sample(len(swap), rng, batch.prompt)
-    rows, texts = list(batch.rows), list(batch.texts)
-    for b, item in zip(swap, items, strict=True):
-        rows[b], texts[b] = item.tokens, item.text
-    device = batch.tokens.device
-    index = torch.tensor(swap, dtype=torch.long, device=device)
-    tokens, length = batch.tokens.clone(), batch.length.clone()
-    tokens[index] = pad_rows([it.tokens for it in items], max_length, policy.pad_id).to(device)
-    length[index] = torch.tensor([it.length for it in items], dtype=torch.long, device=device)
-    return Trajectories(
-        prompt=batch.prompt,
-        tokens=tokens,
-        length=length,
-        rows=tuple(rows),
-        texts=tuple(texts),
-        on_policy=tuple(sorted(set(batch.on_policy) - set(swap))),
-        stored_u=None,
-        temperature=batch.temperature,
-        timings=batch.timings,
     )
 
 
@@ -262,6 +204,33 @@ def reward(
     return Rewards(u_host=u_host, scores=scores, u=u, prior=prior, log_r=u + prior, s_host=s_host)
 
 
+def with_prior(
+    policy: HFPolicy, scored: Sequence[tuple[Trajectories, Rewards]], kappa: float
+) -> list[tuple[Trajectories, Rewards]]:
+    """``scored`` (rewarded with kappa = 0) with the reference prior kappa log P_ref added to
+    each row's log-rewards, from one reference forward over all their rows (each with its own
+    prompt): a step's pieces take one forward however they are cut. Unchanged when kappa <= 0."""
+    if kappa <= 0 or not scored:
+        return list(scored)
+    prior = kappa * reference_log_prob(
+        policy,
+        row_prompts(batch for batch, _ in scored),
+        torch.cat([batch.tokens for batch, _ in scored]),
+        torch.cat([batch.length for batch, _ in scored]),
+    )
+    out, start = [], 0
+    for batch, rewards in scored:
+        part = prior[start : start + len(batch.rows)]
+        start += len(batch.rows)
+        out.append((batch, replace(rewards, prior=part, log_r=rewards.u + part)))
+    return out
+
+
+def row_prompts(batches: Iterable[Trajectories]) -> list[str]:
+    """The prompt of every row of ``batches``, in order."""
+    return [batch.prompt for batch in batches for _ in batch.rows]
+
+
 def correct_texts(task: Task, batch: Trajectories, rewards: Rewards) -> list[str]:
     """Texts of the on-policy rows that are a success for the task (one per row: Acc counts
     repeats)."""
@@ -278,27 +247,41 @@ def loss_step(
     policy: HFPolicy,
     objective: Objective,
     log_z: torch.Tensor,
-    batch: Trajectories,
-    rewards: Rewards,
+    parts: Sequence[tuple[Trajectories, Rewards]],
     step: int,
-    grad_accum: int,
+    weight: float,
     agree: Callable[[bool], bool] | None = None,
+    **objective_kwargs: Any,
 ) -> LossResult | None:
-    """Rescore ``batch`` under the current policy (one teacher-forced forward with gradients),
-    evaluate the objective and backpropagate loss / grad_accum. None, with no backward, when the
-    log-probabilities or the loss are not finite.
+    """Rescore a micro-batch, the rows of ``parts`` in order, under the current policy (one
+    teacher-forced forward with gradients, each row with its part's prompt), evaluate the
+    objective on them together and backpropagate weight x loss (the micro-batch's share of the
+    step's rows). None, with no backward, when the log-probabilities or the loss are not finite.
 
     agree: for a model sharded across processes (whose backward is a collective), called once
     with whether this process's loss is finite; it returns whether every process's is, and all
-    skip the backward together otherwise."""
-    log_pf, log_pterm = policy.score(batch.prompt, batch.tokens, batch.length)
+    skip the backward together otherwise (one forward per call, whatever the prompts, so every
+    process runs as many as the others).
+    objective_kwargs: passed to the objective (VarGrad's ``log_z_hat`` held for the step)."""
+    length = torch.cat([batch.length for batch, _ in parts])
+    log_pf, log_pterm = policy.score(
+        row_prompts(batch for batch, _ in parts),
+        torch.cat([batch.tokens for batch, _ in parts]),
+        length,
+    )
     loss: torch.Tensor | None = None
     if torch.isfinite(log_pf).all() and torch.isfinite(log_pterm).all():
-        prefixes = to_prefix_batch(log_pf, log_pterm, rewards.log_r, rewards.u, batch.length)
-        loss, diagnostics = objective(prefixes, log_z, step)
+        prefixes = to_prefix_batch(
+            log_pf,
+            log_pterm,
+            torch.cat([rewards.log_r for _, rewards in parts]),
+            torch.cat([rewards.u for _, rewards in parts]),
+            length,
+        )
+        loss, diagnostics = objective(prefixes, log_z, step, **objective_kwargs)
     if not agreed_finite(loss, agree) or loss is None:
         return None
-    (loss / grad_accum).backward()
+    (loss * weight).backward()
     return LossResult(float(loss.detach()), diagnostics)
 
 

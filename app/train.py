@@ -1,26 +1,27 @@
 """The training loop: behaviour mix, replay, objective, optimizer, checkpoints, logging.
 
-One optimizer step accumulates ``grad_accum`` micro-batches of ``batch_size`` trajectories. A
-micro-batch is (replay.md "How replay enters training"):
-
-- with probability p_replay(step), when the buffer holds items, drawn whole from the buffer;
-- otherwise sampled on-policy at temperature 1, or with probability ``low_temp_prob`` at a
-  temperature drawn uniformly from [T_lo(step), T_hi(step)], then added to the buffer; with Oracle
-  replay, with probability p_oracle(step) a fraction ``oracle_fraction`` of its rows is replaced by
-  oracle solutions (teacher-forced).
+One optimizer step holds batch_size x grad_accum trajectories (app.step_batch): each row's
+behaviour is drawn for the step (replay.md's mix, per row), the on-policy rows are rolled out
+together in one call, the replayed rows come from the buffer as it stands at the step's start, and
+all are scored. The loss and its backward then run over micro-batches of ``batch_size`` rows,
+each weighted by its share of the step's rows, so the split is a memory knob only: the same seed
+and rows per step give the same rollout, loss and update whatever ``grad_accum`` (VarGrad, whose
+loss is a variance over the batch, holds the logZ estimate of all the step's rows fixed in every
+micro-batch). The buffer is refreshed once per step, with the step's on-policy rows.
 
 Every trajectory is re-scored by the current policy in one teacher-forced forward pass (with
 gradients). Rewards (app.reward_schedule): on-policy rows are scored with the task; replayed rows
 reuse the task-only rewards u stored with them unless lambda or the reward temperature is
 scheduled (then they are scored again, through the cache); when kappa > 0 the reference term
-kappa log P_ref is recomputed from the frozen reference model for every batch.
-The micro-batch itself is the four stages of ``raptb.app.step`` (collect, reward, loss, buffer
-update); this module schedules them and owns the optimizer, checkpoints and logging.
+kappa log P_ref is recomputed from the frozen reference model for every row.
+The stages are those of ``raptb.app.step``; this module schedules them and owns the optimizer,
+checkpoints and logging.
 
 logZ is a float32 scalar in its own AdamW parameter group with its own learning rate.
 
 Launched on several processes (``accelerate launch -m raptb train``), each rank trains on its
-share of every micro-batch; app.distributed states the rules and supplies the hooks used here.
+contiguous share of the step's rows (the behaviour plan is drawn from an RNG all ranks share);
+app.distributed states the rules and supplies the hooks used here.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import torch
 from rich.console import Console
 
 from raptb.adapters.lora import is_peft_model
+from raptb.adapters.policy import to_prefix_batch
 from raptb.app.checkpoint import (
     checkpoint_step,
     latest_checkpoint,
@@ -46,7 +48,7 @@ from raptb.app.checkpoint import (
 from raptb.app.config import TrainConfig, save_config
 from raptb.app.distributed import (
     DistContext,
-    RankSlice,
+    MicroBatchTotals,
     combine_micro_batch,
     per_rank_batch,
     sampling_seed,
@@ -60,17 +62,31 @@ from raptb.app.run_log import cut_log, log_path
 from raptb.app.runtime import PrefixScorer, build_policy, build_task
 from raptb.app.sharding import clip_grad_norm, shard_policy
 from raptb.app.step import (
-    collect,
+    LossResult,
+    Rewards,
+    Trajectories,
     correct_texts,
     loss_step,
     new_items,
     reward,
+    row_prompts,
+    with_prior,
+)
+from raptb.app.step_batch import (
+    REPLAYED,
+    SAMPLED,
+    RowPlan,
+    StepBatch,
+    collect_step,
+    micro_batches,
+    plan_rows,
+    step_prompts,
 )
 from raptb.app.stop_request import StopRequest
 from raptb.app.trackers import Trackers
 from raptb.app.train_progress import bar_fields, progress_bar
 from raptb.app.train_state import load_model_weights, load_trainer_state, save_trainer_state
-from raptb.core.objectives import objective_by_name
+from raptb.core.objectives import VarGrad, objective_by_name
 
 
 class TrainingError(RuntimeError):
@@ -87,14 +103,15 @@ class TrainResult:
     """The signal (SIGINT, SIGTERM) that stopped the run early, if one did."""
 
 
-@dataclass
-class _MicroStats:
-    loss: float
-    diagnostics: dict[str, float]
-    on_policy: int
-    hits: int
-    replayed: bool
-    temperature: float
+def step_result(results: list[tuple[int, LossResult]]) -> LossResult:
+    """A step's loss and diagnostics from its micro-batches' (rows, result): means weighted by
+    rows, i.e. over the step's rows for a loss that is a mean over rows."""
+    rows = sum(size for size, _ in results)
+    keys = results[0][1].diagnostics
+    return LossResult(
+        sum(size * r.loss for size, r in results) / rows,
+        {k: sum(size * r.diagnostics[k] for size, r in results) / rows for k in keys},
+    )
 
 
 class Trainer:
@@ -182,9 +199,8 @@ class Trainer:
         self.reward_schedule = RewardSchedule(config.reward, horizon)
         self.buffer = build_buffer(config, self.task, self.policy, self.scorer)
         self.oracle = self.buffer if config.replay.kind == "oracle" else None
-        self.draws = None if self.buffer is None else RankSlice(self.buffer, self.dist)
 
-        # shared by all ranks: the behaviour mix and replay draws (split by RankSlice)
+        # shared by all ranks: the step's plan (behaviour mix, replay and oracle draws)
         self.rng = np.random.default_rng(config.seed)
         # per rank: rollouts and dropout; rank 0 keeps the single-process streams
         self.sampling_seed = sampling_seed(config.seed, self.dist.rank)
@@ -220,73 +236,116 @@ class Trainer:
     def _load_extra_state(self, saved: dict[str, Any]) -> None:
         """Restore what ``_extra_state`` saved into ``trainer.pt``."""
 
-    # --- one micro-batch -----------------------------------------------------------------------
+    # --- one optimizer step --------------------------------------------------------------------
 
-    def _micro_batch(self, prompt: str) -> _MicroStats | None:
-        """The four stages of app.step on this rank's share of one micro-batch, its statistics
-        over all ranks; None when the loss is not finite on some rank."""
+    def _step_rows(self) -> tuple[range, list[str]]:
+        """This rank's share of the step's rows (a contiguous range of the global rows) and the
+        prompt of every global row (app.step_batch)."""
         cfg = self.cfg
-        batch = collect(
-            self.policy,
-            self.task,
-            prompt,
-            self.rank_batch,
-            self.mix.at(self.step),
-            buffer=self.draws,
-            oracle=None if self.oracle is None else self.draws,
-            rng=self.rng,
-            generator=self.generator,
-        )
-        weights = self.reward_schedule.at(self.step)
-        rewards = reward(
-            self.scorer, self.policy, batch, weights.kappa, weights.scale, weights.rescore
-        )
-        correct = correct_texts(self.task, batch, rewards)
-        result = loss_step(
-            self.policy,
-            self.objective,
-            self.log_z,
-            batch,
-            rewards,
+        per_rank = self.rank_batch * cfg.optim.grad_accum
+        prompts = step_prompts(
+            self.task.prompts(),
             self.step,
-            cfg.optim.grad_accum,
-            agree=self.dist.all_true if self.dist.sharding else None,
+            per_rank * self.dist.world_size,
+            cfg.optim.rows_per_prompt,
         )
+        return range(self.dist.rank * per_rank, (self.dist.rank + 1) * per_rank), prompts
+
+    def _collect(self) -> StepBatch:
+        """The step's rows on this rank: the shared plan, then one rollout of its sampled rows."""
+        own, prompts = self._step_rows()
+        plan = plan_rows(
+            prompts, self.mix.at(self.step), buffer=self.buffer, oracle=self.oracle, rng=self.rng
+        )
+        return collect_step(self.policy, self.task, plan, own, generator=self.generator)
+
+    def _optimizer_step(self) -> dict[str, Any] | None:
+        """Collect and score the step's rows, backpropagate the loss over micro-batches of this
+        rank's share of batch_size, refresh the buffer once; None (no update) when the loss is
+        not finite on some rank."""
+        self.policy.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        step = self._collect()
+        weights = self.reward_schedule.at(self.step)
+        # task rewards piece by piece; the reference prior of all the step's rows in one forward
+        scored = with_prior(
+            self.policy,
+            [
+                (
+                    piece,
+                    reward(self.scorer, self.policy, piece, 0.0, weights.scale, weights.rescore),
+                )
+                for piece in step.pieces
+            ],
+            weights.kappa,
+        )
+        correct = [
+            text for piece, rewards in scored for text in correct_texts(self.task, piece, rewards)
+        ]
+        agree = self.dist.all_true if self.dist.sharding else None
+        batches = [
+            [(scored[i][0].take(rows), scored[i][1].take(rows)) for i, rows in parts]
+            for parts in micro_batches([len(p.rows) for p in step.pieces], self.rank_batch)
+        ]
+        held = self._held_kwargs(batches)
+        results: list[tuple[int, LossResult]] = []
+        for parts in batches:
+            size = sum(len(batch.rows) for batch, _ in parts)
+            result = loss_step(
+                self.policy,
+                self.objective,
+                self.log_z,
+                parts,
+                self.step,
+                size / step.rows,
+                agree=agree,
+                **held,
+            )
+            if result is None:
+                break
+            results.append((size, result))
+        finite = len(results) == len(batches)
         replays = self.buffer is not None and self.oracle is None
-        items = new_items(self.task, batch, rewards) if replays else []
-        totals = combine_micro_batch(self.dist, result, correct, len(batch.on_policy), items)
+        items = [
+            item
+            for piece, rewards in scored
+            if replays
+            for item in new_items(self.task, piece, rewards)
+        ]
+        on_policy = sum(len(piece.on_policy) for piece in step.pieces)
+        totals = combine_micro_batch(
+            self.dist, step_result(results) if finite else None, correct, on_policy, items
+        )
         self.correct_seen.update(totals.correct)
         if not totals.finite:
+            self.optimizer.zero_grad(set_to_none=True)
             return None  # every rank skips the step together
         if self.buffer is not None and totals.items:
             self.buffer.add(totals.items)
-        return _MicroStats(
-            loss=totals.loss,
-            diagnostics=totals.diagnostics,
-            on_policy=totals.on_policy,
-            hits=len(totals.correct),
-            replayed=batch.replayed,
-            temperature=batch.temperature,
-        )
-
-    # --- one optimizer step --------------------------------------------------------------------
-
-    def _optimizer_step(self) -> dict[str, Any] | None:
-        cfg = self.cfg
-        prompts = self.task.prompts()
-        self.policy.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        stats: list[_MicroStats] = []
-        start = time.perf_counter()
-        for micro in range(cfg.optim.grad_accum):
-            prompt = prompts[(self.step * cfg.optim.grad_accum + micro) % len(prompts)]
-            result = self._micro_batch(prompt)
-            if result is None:
-                self.optimizer.zero_grad(set_to_none=True)
-                return None
-            stats.append(result)
         self._apply_gradients()
-        return self._step_record(stats, time.perf_counter() - start)
+        return self._step_record(totals, step.plan, time.perf_counter() - start)
+
+    def _held_kwargs(self, batches: list[list[tuple[Trajectories, Rewards]]]) -> dict[str, Any]:
+        """What the objective holds fixed over the step's micro-batches: VarGrad's logZ estimate
+        from all of this rank's rows (a forward without gradients first), so that its batch is
+        the step; nothing for the other objectives, whose loss is a mean over rows."""
+        if not isinstance(self.objective, VarGrad) or len(batches) == 1:
+            return {}
+        partial = []
+        with torch.no_grad():
+            for parts in batches:  # one forward per micro-batch, as its loss takes
+                length = torch.cat([batch.length for batch, _ in parts])
+                log_pf, log_pterm = self.policy.score(
+                    row_prompts(batch for batch, _ in parts),
+                    torch.cat([batch.tokens for batch, _ in parts]),
+                    length,
+                )
+                log_r = torch.cat([rewards.log_r for _, rewards in parts])
+                u = torch.cat([rewards.u for _, rewards in parts])
+                prefixes = to_prefix_batch(log_pf, log_pterm, log_r, u, length)
+                partial.append(self.objective.partial_residuals(prefixes))
+        return {"log_z_hat": -torch.cat(partial).mean()}
 
     def _apply_gradients(self) -> None:
         """The accumulated gradients averaged over ranks, clipped, and one optimizer step."""
@@ -299,20 +358,23 @@ class Trainer:
             clip_grad_norm(params, clip)  # one norm over the shards, logZ and any head
         self.optimizer.step()
 
-    def _step_record(self, stats: list[Any], seconds: float) -> dict[str, Any]:
-        """The metrics.jsonl record of the optimizer step just taken from its micro-batches."""
-        on_policy = sum(s.on_policy for s in stats)
-        sampled = [s.temperature for s in stats if not s.replayed]
+    def _step_record(
+        self, totals: MicroBatchTotals, plan: RowPlan, seconds: float
+    ) -> dict[str, Any]:
+        """The metrics.jsonl record of the optimizer step just taken: loss and diagnostics over
+        its rows, acc over its on-policy rows, replay fraction and mean temperature over the
+        whole plan (all ranks)."""
+        sampled = plan.temperature[plan.kind == SAMPLED]
         return {
             "step": self.step + 1,
-            "loss": float(np.mean([s.loss for s in stats])),
+            "loss": totals.loss,
             "log_z": float(self.log_z.detach()),
-            "acc": sum(s.hits for s in stats) / on_policy if on_policy else None,
+            "acc": len(totals.correct) / totals.on_policy if totals.on_policy else None,
             "unique_correct": len(self.correct_seen),
-            "tb_residual_mean": float(np.mean([s.diagnostics["tb_residual_mean"] for s in stats])),
-            "aux_loss": float(np.mean([s.diagnostics["aux_loss"] for s in stats])),
-            "replay_frac": float(np.mean([s.replayed for s in stats])),
-            "temperature": float(np.mean(sampled)) if sampled else None,
+            "tb_residual_mean": totals.diagnostics["tb_residual_mean"],
+            "aux_loss": totals.diagnostics["aux_loss"],
+            "replay_frac": float(np.mean(plan.kind == REPLAYED)),
+            "temperature": float(np.mean(sampled)) if sampled.size else None,
             "buffer_size": 0 if self.buffer is None else len(self.buffer),
             "nonfinite_skipped": self.nonfinite_total,
             "seconds": seconds,

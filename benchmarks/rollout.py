@@ -8,6 +8,7 @@ Usage (from the repository root):
     python benchmarks/rollout.py --model-config llama-1b --tokenizer DIR --task fixed \
         --lengths 10,64 --rows 32,128,256 --repeats 5 --json FILE
     python benchmarks/rollout.py --baseline FILE   # another version of raptb.adapters.rollout
+    python benchmarks/rollout.py --split 4 --rows 128 [--repeats 20]   # one rollout vs four
 
 The policy is the one ``raptb train`` builds (``build_task``, ``build_policy``: the task's
 alphabet, grammar and stop token; LoRA for a pretrained model; bf16 on CUDA).
@@ -41,6 +42,11 @@ measurement's details.
 ``--baseline FILE`` instead alternates the ``sample_rollout`` of another version of
 ``raptb.adapters.rollout`` (e.g. ``git show main:adapters/rollout.py > FILE``) with the current one
 on the eager path, requires bit-identical rollouts, and prints both medians.
+
+``--split N`` instead alternates one ``sample_rollout`` of ``--rows`` rows and N rollouts of
+rows / N each (the trainer's layout after and before one rollout per optimizer step), on the
+configured decoding path, and prints the median milliseconds per step's rows of each, with
+generated tokens per second.
 """
 
 from __future__ import annotations
@@ -288,6 +294,41 @@ def baseline_main(args: argparse.Namespace, policy: HFPolicy, task: Task, rows: 
     print(f"| {base:.1f} | {cur:.1f} | {cur / base:.3f} |")
 
 
+def split_main(args: argparse.Namespace, policy: HFPolicy, task: Task, rows: int) -> None:
+    """One rollout of ``rows`` rows against ``args.split`` rollouts of rows / split."""
+    if rows % args.split:
+        raise SystemExit("--rows must be a multiple of --split")
+    layouts = {f"1 x {rows}": 1, f"{args.split} x {rows // args.split}": args.split}
+    times: dict[str, list[float]] = {name: [] for name in layouts}
+    tokens: dict[str, int] = dict.fromkeys(layouts, 0)
+    for repeat in range(args.repeats + 1):  # repeat 0 warms up and is not timed
+        for name, calls in layouts.items():
+            generator = torch.Generator().manual_seed(repeat)
+            start = time.perf_counter()
+            done = [
+                sample_rollout(
+                    policy,
+                    task.prompts()[0],
+                    rows // calls,
+                    min_length=task.min_length,
+                    max_length=task.max_length,
+                    generator=generator,
+                )
+                for _ in range(calls)
+            ]
+            sync()
+            if repeat:
+                times[name].append(time.perf_counter() - start)
+                tokens[name] += sum(int(r.length.sum()) for r in done)
+    print(f"{rows} rows per step, {args.repeats} repeats, {torch.get_num_threads()} thread(s)")
+    print("| rollouts x rows | median ms per step | generated tokens/s |")
+    print("|---|---|---|")
+    for name in layouts:
+        median = statistics.median(times[name])
+        rate = tokens[name] / sum(times[name])
+        print(f"| {name} | {median * 1e3:.1f} | {rate:.0f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="tiny")
@@ -300,6 +341,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="append the records to FILE")
     parser.add_argument("--baseline", type=Path, default=None)
+    parser.add_argument("--split", type=int, default=None, help="one rollout against N")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, model_name = args.model, args.model
@@ -317,6 +359,8 @@ def main() -> None:
         for rows in all_rows:
             if args.baseline is not None:
                 baseline_main(args, policy, task, rows)
+            elif args.split is not None:
+                split_main(args, policy, task, rows)
             else:
                 records += measure(args, policy, task, model_name, rows)
         del policy

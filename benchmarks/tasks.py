@@ -37,11 +37,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from train_step import ON_POLICY, STEP_PARTS, timed_optimizer_step
+from train_step import STEP_PARTS, timed_optimizer_step
 
 from raptb.app.config import build_config
 from raptb.app.runtime import PrefixScorer, build_task
-from raptb.app.step import collect
+from raptb.app.step import roll_out
 from raptb.app.train import Trainer
 
 TASKS = ("expr24", "smiles", "commongen", "amp")
@@ -71,16 +71,8 @@ def reward_seconds_per_text(trainer: Trainer, prompts: int) -> tuple[float, int]
     scorer = PrefixScorer(fresh, policy, cfg.reward.reward_scale)
     for prompt in trainer.task.prompts()[:prompts]:
         with torch.no_grad():
-            batch = collect(
-                policy,
-                trainer.task,
-                prompt,
-                cfg.optim.batch_size,
-                ON_POLICY,
-                buffer=None,
-                oracle=None,
-                rng=trainer.rng,
-                generator=trainer.generator,
+            batch = roll_out(
+                policy, trainer.task, prompt, cfg.optim.batch_size, 1.0, trainer.generator
             )
         texts = list(dict.fromkeys(batch.texts))
         start = time.perf_counter()

@@ -17,7 +17,9 @@ Whole optimizer steps on any model (e.g. a GPU with a Llama-3.2-1B-shaped model)
         --task fixed --length 10 --batch-size 32 --grad-accum 4 --kappa 1 [--decode eager] \
         [--json FILE]
 
-times ``--optimizer-steps`` steps after ``--warmup`` untimed ones. Every micro-batch is sampled
+times ``--optimizer-steps`` steps after ``--warmup`` untimed ones (``--compare-rollouts``: the
+step's rows rolled out in one call, as the trainer does, against one call per micro-batch, the
+layout before one rollout per step, alternating step by step). Every micro-batch is sampled
 on-policy (p_replay 0, so each step rolls out ``batch-size x grad-accum`` trajectories) and goes
 through the same ``raptb.app.step`` stages: collect (the rollout; its grammar time from the
 rollout's own timings), reward (task scores, then the reference pass: kappa > 0, the frozen base
@@ -52,7 +54,8 @@ import torch
 
 from raptb.adapters.policy import HFPolicy
 from raptb.app.config import build_config
-from raptb.app.step import Mix, collect, loss_step, new_items, reward
+from raptb.app.step import Mix, loss_step, new_items, reward, roll_out
+from raptb.app.step_batch import collect_step, micro_batches, plan_rows
 from raptb.app.train import Trainer
 
 # Every micro-batch on-policy at temperature 1, no oracle: the path every sampled batch takes.
@@ -181,64 +184,59 @@ def timed_policy(policy: HFPolicy) -> Iterator[tuple[_Timed, _Timed]]:
         del policy.score, policy.reference_score
 
 
-def timed_optimizer_step(trainer: Trainer) -> tuple[dict[str, float], int]:
-    """One optimizer step of on-policy micro-batches through the ``raptb.app.step`` stages, timed by
-    component (seconds summed over the micro-batches); returns (times, generated tokens)."""
+def timed_optimizer_step(trainer: Trainer, rollouts: int = 1) -> tuple[dict[str, float], int]:
+    """One optimizer step of on-policy rows through the trainer's stages, timed by component;
+    returns (times, generated tokens). The step's batch_size x grad_accum rows are planned
+    (``app.step_batch``), rolled out in ``rollouts`` calls (1: the trainer's one rollout per
+    step; grad_accum: one per micro-batch, the layout before), scored, and their loss runs over
+    micro-batches of batch_size rows; the buffer is refreshed once."""
     cfg, policy, task = trainer.cfg, trainer.policy, trainer.task
-    prompts = task.prompts()
     parts = dict.fromkeys(STEP_PARTS, 0.0)
-    generated = 0
     policy.model.train()
     trainer.optimizer.zero_grad(set_to_none=True)
     _sync()
     step_start = time.perf_counter()
+    own, prompts = trainer._step_rows()
+    plan = plan_rows(prompts, ON_POLICY, buffer=None, oracle=None, rng=trainer.rng)
+    chunk = len(own) // rollouts
     with timed_policy(policy) as (score, ref):
-        for micro in range(cfg.optim.grad_accum):
-            prompt = prompts[(trainer.step * cfg.optim.grad_accum + micro) % len(prompts)]
-            score.seconds = ref.seconds = 0.0
-            start = time.perf_counter()
-            batch = collect(
-                policy,
-                task,
-                prompt,
-                cfg.optim.batch_size,
-                ON_POLICY,
-                buffer=trainer.buffer,
-                oracle=None,
-                rng=trainer.rng,
-                generator=trainer.generator,
-            )
-            _sync()
-            t_collect = time.perf_counter()
-            rewards = reward(trainer.scorer, policy, batch, cfg.reward.kappa)
-            _sync()
-            t_reward = time.perf_counter()
+        start = time.perf_counter()
+        steps = [
+            collect_step(policy, task, plan, own[i : i + chunk], generator=trainer.generator)
+            for i in range(0, len(own), chunk)
+        ]
+        pieces = [piece for step in steps for piece in step.pieces]
+        _sync()
+        t_collect = time.perf_counter()
+        scored = [
+            (piece, reward(trainer.scorer, policy, piece, cfg.reward.kappa)) for piece in pieces
+        ]
+        _sync()
+        t_reward = time.perf_counter()
+        batches = micro_batches([len(p.rows) for p in pieces], trainer.rank_batch)
+        for batch_parts in batches:
+            loss_parts = [
+                (scored[i][0].take(rows), scored[i][1].take(rows)) for i, rows in batch_parts
+            ]
             result = loss_step(
-                policy,
-                trainer.objective,
-                trainer.log_z,
-                batch,
-                rewards,
-                trainer.step,
-                cfg.optim.grad_accum,
+                policy, trainer.objective, trainer.log_z, loss_parts, trainer.step, 1 / len(batches)
             )
             if result is None:
                 raise RuntimeError("non-finite loss")
-            _sync()
-            t_loss = time.perf_counter()
-            if trainer.buffer is not None:
-                trainer.buffer.add(new_items(task, batch, rewards))
-            end = time.perf_counter()
-            assert batch.timings is not None  # an on-policy batch is a rollout
-            generated += sum(len(row) for row in batch.rows)
-            grammar = batch.timings.grammar_s
-            parts["rollout: model + sampling"] += t_collect - start - grammar
-            parts["rollout: grammar"] += grammar
-            parts["task scoring"] += t_reward - t_collect - ref.seconds
-            parts["reference pass"] += ref.seconds
-            parts["rescoring forward"] += score.seconds
-            parts["loss + backward"] += t_loss - t_reward - score.seconds
-            parts["replay refresh"] += end - t_loss
+        _sync()
+        t_loss = time.perf_counter()
+        if trainer.buffer is not None:
+            trainer.buffer.add([item for p, r in scored for item in new_items(task, p, r)])
+        end = time.perf_counter()
+    grammar = sum(step.timings.grammar_s for step in steps if step.timings is not None)
+    generated = sum(len(row) for piece in pieces for row in piece.rows)
+    parts["rollout: model + sampling"] = t_collect - start - grammar
+    parts["rollout: grammar"] = grammar
+    parts["task scoring"] = t_reward - t_collect - ref.seconds
+    parts["reference pass"] = ref.seconds
+    parts["rescoring forward"] = score.seconds
+    parts["loss + backward"] = t_loss - t_reward - score.seconds
+    parts["replay refresh"] = end - t_loss
     start = time.perf_counter()
     if cfg.optim.clip is not None:
         params = [p for group in trainer.optimizer.param_groups for p in group["params"]]
@@ -253,17 +251,21 @@ def timed_optimizer_step(trainer: Trainer) -> tuple[dict[str, float], int]:
 
 
 def measure_steps(
-    trainer: Trainer, steps: int, warmup: int, log: Callable[[str], None] = print
+    trainer: Trainer,
+    steps: int,
+    warmup: int,
+    log: Callable[[str], None] = print,
+    rollouts: int = 1,
 ) -> dict[str, Any]:
-    """``warmup`` untimed then ``steps`` timed optimizer steps; medians, shares, tokens/s, peak
-    memory over the timed steps."""
+    """``warmup`` untimed then ``steps`` timed optimizer steps (their rows rolled out in
+    ``rollouts`` calls); medians, shares, tokens/s, peak memory over the timed steps."""
     for _ in range(warmup):
-        timed_optimizer_step(trainer)
+        timed_optimizer_step(trainer, rollouts)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     runs, tokens = [], []
     for i in range(steps):
-        parts, generated = timed_optimizer_step(trainer)
+        parts, generated = timed_optimizer_step(trainer, rollouts)
         runs.append(parts)
         tokens.append(generated)
         log(f"raptb step {i}: {parts['total']:.3f} s, {generated} tokens")
@@ -294,6 +296,30 @@ def markdown(result: dict[str, Any], title: str) -> str:
     return "\n".join(lines)
 
 
+def compare_rollouts(trainer: Trainer, steps: int, warmup: int) -> str:
+    """A table of median ms per step part, the step's rows rolled out in one call against one
+    call per micro-batch, the two layouts alternating step by step (the same machine load)."""
+    calls = trainer.cfg.optim.grad_accum
+    rows = trainer.rank_batch * calls
+    layouts = {f"1 rollout of {rows}": 1, f"{calls} rollouts of {rows // calls}": calls}
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in layouts}
+    tokens: dict[str, int] = dict.fromkeys(layouts, 0)
+    for i in range(warmup + steps):
+        for name, count in layouts.items():
+            parts, generated = timed_optimizer_step(trainer, count)
+            if i >= warmup:
+                runs[name].append(parts)
+                tokens[name] += generated
+    names = list(layouts)
+    lines = [f"| part | {names[0]}, median ms | {names[1]}, median ms |", "|---|---|---|"]
+    for key in (*STEP_PARTS, "total"):
+        values = [statistics.median(r[key] for r in runs[name]) * 1e3 for name in names]
+        lines.append(f"| {key} | {values[0]:.1f} | {values[1]:.1f} |")
+    rates = [tokens[n] / sum(r["total"] for r in runs[n]) for n in names]
+    lines.append(f"| generated tokens/s | {rates[0]:.0f} | {rates[1]:.0f} |")
+    return "\n".join(lines)
+
+
 def optimizer_step_main(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp())
     model = args.model
@@ -303,6 +329,9 @@ def optimizer_step_main(args: argparse.Namespace) -> None:
         model = str(write_random_model(args.model_config, args.tokenizer, work / "model"))
     cfg = build_config(overrides=step_overrides(args, model) | {"sampling.decode": args.decode})
     trainer = Trainer(cfg, work / "run", progress=False)
+    if args.compare_rollouts:
+        print(compare_rollouts(trainer, args.optimizer_steps, args.warmup))
+        return
     result = measure_steps(trainer, args.optimizer_steps, args.warmup)
     name = (
         torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
@@ -352,22 +381,12 @@ def micro_batch_main(args: argparse.Namespace) -> None:
     }
     for _ in range(args.micro_batches):
         start = time.perf_counter()
-        batch = collect(
-            policy,
-            task,
-            prompt,
-            n,
-            ON_POLICY,
-            buffer=trainer.buffer,
-            oracle=None,
-            rng=trainer.rng,
-            generator=trainer.generator,
-        )
+        batch = roll_out(policy, task, prompt, n, 1.0, trainer.generator)
         t_collect = time.perf_counter()
         rewards = reward(trainer.scorer, policy, batch, cfg.reward.kappa)
         t_reward = time.perf_counter()
         result = loss_step(
-            policy, trainer.objective, trainer.log_z, batch, rewards, trainer.step, 1
+            policy, trainer.objective, trainer.log_z, [(batch, rewards)], trainer.step, 1.0
         )
         assert result is not None, "non-finite loss"
         t_loss = time.perf_counter()
@@ -418,6 +437,7 @@ def main() -> None:
         default="auto",
         help="sampling.decode of --optimizer-steps (auto: static on CUDA, eager on the CPU)",
     )
+    parser.add_argument("--compare-rollouts", action="store_true")
     args = parser.parse_args()
     if args.optimizer_steps is not None:
         optimizer_step_main(args)

@@ -26,7 +26,13 @@ masked actions m (TRL's normalisations):
 
 and subtracts entropy_coef * (token mean of the supplied per-state entropy). Every loss is the
 micro-batch loss *before* the trainer divides by its ``grad_accum``: summed over the window and
-divided by grad_accum it equals TRL's loss (dapo's normaliser carries the grad_accum for that).
+divided by grad_accum it equals TRL's loss (dapo's normaliser carries the grad_accum for that),
+when ``num_items_in_batch`` is the generation batch's action count divided by the number of
+processes (TRL's normaliser) and the advantages are those of the whole generation batch
+(``advantages``, from ``group_advantages`` over every process's rows: ``scale_rewards = "batch"``
+takes the std of all of them). The trainer (app.rl_train) passes both. As in TRL, grpo, sapo,
+dr_grpo and dapo/cispo then give the same step loss however the batch is split into
+micro-batches of equal size; bnpo (a token mean per micro-batch) does not.
 
 With one optimisation pass per rollout (TRL's ``num_iterations = 1``) pi_old is pi detached, so
 w = 1 in value while its gradient is grad log pi; the general form is kept for several passes.
@@ -138,13 +144,17 @@ class GRPO:
         *,
         num_items_in_batch: float | None = None,
         grad_accum: int = 1,
+        advantages: tuple[Array, Array] | None = None,
     ) -> tuple[Array, Diagnostics]:
-        """Loss and detached diagnostics of one micro-batch of whole groups.
+        """Loss and detached diagnostics of one micro-batch.
 
         ``num_items_in_batch``: active actions (sum of tau + 1) over the ``grad_accum``
-        micro-batches of one optimizer step; only dapo and cispo read it, and without it they use
-        this micro-batch's count (then equal to bnpo). ``batch.ref_log_probs`` is required when
-        beta != 0, ``batch.entropy`` when entropy_coef != 0.
+        micro-batches of one optimizer step (per process, TRL's normaliser); only dapo and cispo
+        read it, and without it they use this micro-batch's count (then equal to bnpo).
+        ``advantages``: (advantages [B], the std [B] each was divided by) of these rows, computed
+        over the whole generation batch; None: from this batch's rewards, which must then hold
+        whole groups. ``batch.ref_log_probs`` is required when beta != 0, ``batch.entropy`` when
+        entropy_coef != 0.
         """
         xp = batch.xp
         if self.beta != 0.0 and batch.ref_log_probs is None:
@@ -153,7 +163,10 @@ class GRPO:
             raise ValueError("GRPO with entropy_coef != 0 needs the per-state entropy")
         mask = xp.astype(batch.action_mask, batch.log_probs.dtype)
         rewards = stop_gradient(batch.rewards)
-        adv_flat, std = group_advantages(rewards, self.num_generations, self.scale_rewards)
+        if advantages is None:
+            adv_flat, std = group_advantages(rewards, self.num_generations, self.scale_rewards)
+        else:
+            adv_flat, std = (stop_gradient(a) for a in advantages)
         adv = adv_flat[:, None]
         log_probs = batch.masked(batch.log_probs)
         log_ratio = log_probs - batch.masked(stop_gradient(batch.old_log_probs))

@@ -322,11 +322,22 @@ class VarGrad(Objective):
 
     name: ClassVar[str] = "vargrad"
 
-    def __call__(self, batch, log_z, step=0):
-        xp = batch.xp
+    def partial_residuals(self, batch: PrefixBatch) -> Array:
+        """The logZ-free TB residual of each row, C_tau + log_pterm[tau] - log_r[tau], [B]."""
         cum, log_pterm, log_r, _ = _masked_inputs(batch)
-        partial = _at_length(cum + log_pterm - log_r, batch)
-        log_z_hat = -xp.mean(partial)
+        return _at_length(cum + log_pterm - log_r, batch)
+
+    def __call__(self, batch, log_z, step=0, *, log_z_hat=None):
+        """``log_z_hat``: the estimate held fixed (no gradient), e.g. minus the mean partial
+        residual over all rows of an optimizer step: the row-weighted mean of its micro-batches'
+        losses is then the step's variance, with that variance's exact gradient (the held mean's
+        own gradient term is sum_b (p_b - mean) grad mean = 0). None: this batch's own mean."""
+        xp = batch.xp
+        partial = self.partial_residuals(batch)
+        if log_z_hat is None:
+            log_z_hat = -xp.mean(partial)
+        else:
+            log_z_hat = stop_gradient(_as_log_z(log_z_hat, batch))
         residual = partial + log_z_hat
         loss = xp.mean(residual**2)
         return loss, _diagnostics(loss, log_z_hat, residual, None, None)

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import torch
@@ -30,9 +29,10 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from raptb.adapters.registry import task_spec
 from raptb.app.config import build_config
-from raptb.app.distributed import DistContext, RankSlice, combine_micro_batch
+from raptb.app.distributed import DistContext, combine_micro_batch
 from raptb.app.rl_train import make_trainer
-from raptb.app.step import LossResult, Trajectories, roll_out
+from raptb.app.step import LossResult, Mix, Trajectories, roll_out
+from raptb.app.step_batch import RowPlan, StepBatch, plan_rows
 from raptb.app.train import Trainer
 from raptb.core.replay import ReplayItem, make_buffer
 
@@ -111,6 +111,11 @@ EQUIVALENCE = {
 }
 
 
+ALL_REPLAYED = Mix(
+    p_replay=1.0, low_temp_prob=0.0, temp_lo=1.0, temp_hi=1.0, p_oracle=0.0, oracle_fraction=0.0
+)
+
+
 def _whole(tensor: torch.Tensor) -> torch.Tensor:
     """A copy of ``tensor``, gathered whole when sharded (a collective then)."""
     return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().clone()
@@ -124,24 +129,27 @@ def equivalence(
     policy is sharded). ``lora``: the LoRA rank (0: full fine-tuning). ``checkpointed``: assert
     that the trained blocks checkpoint their activations (turned on by the launch's settings)."""
     ctx = DistContext.from_accelerate() if ctx is None else ctx
-    micro = iter(range(ACCUM))
 
-    def fixed_collect(policy, task, prompt, n, mix, **_) -> Trajectories:
-        # the global micro-batch, sampled from a seed that depends only on the micro-batch index
-        generator = torch.Generator(device=policy.device).manual_seed(1000 + next(micro))
-        full = roll_out(policy, task, prompt, BATCH, 1.0, generator)
-        part = slice(ctx.rank * n, (ctx.rank + 1) * n)
-        return Trajectories(
-            prompt=prompt,
+    def fixed_collect() -> StepBatch:
+        # the step's global rows, sampled from a seed that depends only on the step
+        generator = torch.Generator(device=trainer.policy.device).manual_seed(1000 + trainer.step)
+        own, prompts = trainer._step_rows()
+        full = roll_out(trainer.policy, trainer.task, prompts[0], len(prompts), 1.0, generator)
+        part = slice(own.start, own.stop)
+        piece = Trajectories(
+            prompt=prompts[0],
             tokens=full.tokens[part],
             length=full.length[part],
             rows=full.rows[part],
             texts=full.texts[part],
-            on_policy=tuple(range(n)),
+            on_policy=tuple(range(len(own))),
             stored_u=None,
             temperature=1.0,
             timings=None,
         )
+        n = len(prompts)
+        plan = RowPlan(tuple(prompts), np.zeros(n, dtype=np.int8), np.ones(n), {})
+        return StepBatch((piece,), plan, None)
 
     # no LoRA dropout: its masks are drawn per rank, so the ranks would not share one function
     config = build_config(overrides={**EQUIVALENCE, "lora.rank": lora, "lora.dropout": 0.0})
@@ -160,9 +168,9 @@ def equivalence(
         grads["log_z"] = trainer.log_z.grad.detach().clone()
         return step(*args, **kwargs)
 
-    with mock.patch("raptb.app.train.collect", fixed_collect):
-        trainer.optimizer.step = recording_step
-        trainer.train()
+    trainer._collect = fixed_collect
+    trainer.optimizer.step = recording_step
+    trainer.train()
     params = {k: _whole(p) for k, p in named.items()}
     params["log_z"] = trainer.log_z.detach().clone()
     torch.save({"grads": grads, "params": params}, out / f"rank{ctx.rank}.pt")
@@ -203,13 +211,15 @@ def buffers(out: Path) -> None:
             outcome = combine_micro_batch(ctx, LossResult(0.0, {}), [], 0, _items(own, 6))
             buffer.add(outcome.items)
         shared = np.random.default_rng(7)  # seeded equally on every rank, like Trainer.rng
-        drawn = RankSlice(buffer, ctx).sample(5, shared, "p")
+        rows = ["p"] * (5 * ctx.world_size)
+        plan = plan_rows(rows, ALL_REPLAYED, buffer=buffer, oracle=None, rng=shared)
+        whole = plan_rows(
+            rows, ALL_REPLAYED, buffer=buffer, oracle=None, rng=np.random.default_rng(7)
+        )
         found[kind] = {
             "stored": [[it.text, it.terminal_u, it.valid] for it in buffer.items("p")],
-            "drawn": [it.text for it in drawn],
-            "global_draw": [
-                it.text for it in buffer.sample(5 * ctx.world_size, np.random.default_rng(7), "p")
-            ],
+            "drawn": [plan.items[r].text for r in range(ctx.rank * 5, (ctx.rank + 1) * 5)],
+            "global_draw": [whole.items[r].text for r in range(len(rows))],
             "rng_after": int(shared.integers(1 << 30)),
         }
     (out / f"rank{ctx.rank}.json").write_text(json.dumps(found))
@@ -252,8 +262,8 @@ def nonfinite_on_one_rank(out: Path, loss: str) -> None:
     calls: list[int] = []
     base = type(trainer.objective)
 
-    def poisoned(self: Any, *args: Any) -> Any:
-        value, diagnostics = base.__call__(self, *args)
+    def poisoned(self: Any, *args: Any, **kwargs: Any) -> Any:
+        value, diagnostics = base.__call__(self, *args, **kwargs)
         calls.append(1)
         return (value * float("nan") if ctx.rank == 1 and len(calls) == 1 else value), diagnostics
 
@@ -274,8 +284,8 @@ def rl_logging(out: Path, loss: str) -> None:
     own: list[dict[str, Any]] = []
     roll_out_alone = trainer._roll_out
 
-    def recording(prompt: str) -> Any:
-        rollout = roll_out_alone(prompt)
+    def recording() -> Any:
+        rollout = roll_out_alone()
         own.append({"step": trainer.step, "correct": rollout.correct, "rewards": rollout.rewards})
         return rollout
 

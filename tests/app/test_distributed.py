@@ -21,13 +21,12 @@ from safetensors.torch import load_file
 
 from raptb.app.distributed import (
     DistContext,
-    RankSlice,
     per_rank_batch,
     rank_rng_state,
     restore_rank_rng,
     sampling_seed,
 )
-from raptb.core.replay import ReplayItem, make_buffer
+from raptb.core.replay import ReplayItem
 from tests.app.distributed_worker import (
     buffers,
     cli,
@@ -84,17 +83,6 @@ def _items(count: int) -> list[ReplayItem]:
         ReplayItem(prompt="p", tokens=(i,), text=str(i), log_r=[0.0, i], u=[0.0, i], valid=True)
         for i in range(count)
     ]
-
-
-def test_rank_slices_split_one_draw():
-    buffer = make_buffer("rp", capacity=50)
-    buffer.add(_items(50))
-    whole = [it.text for it in buffer.sample(12, np.random.default_rng(3), "p")]
-    parts = []
-    for rank in range(3):
-        ctx = DistContext(rank=rank, world_size=3, local_rank=rank, device=torch.device("cpu"))
-        parts += [it.text for it in RankSlice(buffer, ctx).sample(4, np.random.default_rng(3))]
-    assert parts == whole
 
 
 def test_resume_on_another_world_size_warns_and_reseeds():

@@ -15,9 +15,10 @@ import raptb.app.rl_train as rl_train
 from raptb.app.cli import app
 from raptb.app.config import ConfigError, build_config
 from raptb.app.ppo_update import PPORollout, mini_batches, step_targets
-from raptb.app.rl_train import RLTrainer, make_trainer
+from raptb.app.rl_step import rl_loss_step
+from raptb.app.rl_train import RLTrainer, _RLStats, make_trainer
 from raptb.app.step import Trajectories
-from raptb.app.train import Trainer, TrainingError
+from raptb.app.train import TrainingError, step_result
 from raptb.core.ppo import PPO
 from tests.app.test_train import records, small_config
 from tests.core import rl_reference as ref
@@ -30,7 +31,23 @@ class _SinglePass(RLTrainer):
     log-probs and values its own detached, gradients accumulated into one optimizer step."""
 
     def _optimizer_step(self):
-        return Trainer._optimizer_step(self)
+        self.policy.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        rollout = self._roll_out()
+        batches = rollout.micro_batches(self.rank_batch)
+        results = []
+        for parts in batches:
+            result = rl_loss_step(
+                self.policy, self.objective, parts, 1 / len(batches), value_head=self.value_head
+            )
+            results.append((sum(len(b.rows) for b, _ in parts), result))
+        self.correct_seen.update(rollout.correct)
+        self._apply_gradients()
+        total = step_result(results)
+        stats = _RLStats(
+            total.loss, total.diagnostics, rollout.on_policy, len(rollout.correct), rollout.rewards
+        )
+        return self._record([stats], [stats], 0.0)
 
 
 def _state(trainer: RLTrainer) -> dict[str, torch.Tensor]:
@@ -80,8 +97,9 @@ def test_second_epoch_ratio_is_that_of_the_updated_policy(tmp_path, monkeypatch)
     weights = [{k: v.clone() for k, v in trainer.policy.model.state_dict().items()}]
 
     def rolling(*args, **kwargs):
-        rolled.append(roll_out(*args, **kwargs))
-        return rolled[-1]
+        step = collect_step(*args, **kwargs)
+        rolled.extend(step.pieces)
+        return step
 
     def spying(self, batch, targets=None):
         loss, diagnostics = ppo_call(self, batch, targets)
@@ -92,8 +110,8 @@ def test_second_epoch_ratio_is_that_of_the_updated_policy(tmp_path, monkeypatch)
         apply()
         weights.append({k: v.clone() for k, v in trainer.policy.model.state_dict().items()})
 
-    roll_out, ppo_call, apply = rl_train.roll_out, PPO.__call__, trainer._apply_gradients
-    monkeypatch.setattr(rl_train, "roll_out", rolling)
+    collect_step, ppo_call, apply = rl_train.collect_step, PPO.__call__, trainer._apply_gradients
+    monkeypatch.setattr(rl_train, "collect_step", rolling)
     monkeypatch.setattr(PPO, "__call__", spying)
     trainer._apply_gradients = stepping
     trainer.train()

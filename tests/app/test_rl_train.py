@@ -29,7 +29,10 @@ from tests.app.test_train import records, small_config, weights
     ],
 )
 def test_rl_losses_train(tmp_path, loss, extra):
-    trainer = make_trainer(small_config(loss=loss, steps=2, **extra), tmp_path, progress=False)
+    # seed 1: a step's rows are drawn in a new order (one rollout per step), and with seed 0 no
+    # row of the two steps is correct, so every GRPO advantage is 0 and nothing would move
+    config = small_config(loss=loss, steps=2, seed=1, **extra)
+    trainer = make_trainer(config, tmp_path, progress=False)
     assert isinstance(trainer, RLTrainer) and trainer.buffer is None
     before = weights(trainer)
     log_z = float(trainer.log_z.detach())
@@ -112,7 +115,7 @@ def test_group_advantage_wiring_matches_hand_computed_grpo(tmp_path):
     assert picked.tolist() == terminal
 
     trainer.optimizer.zero_grad(set_to_none=True)
-    result = rl_loss_step(trainer.policy, trainer.objective, batch, picked, grad_accum=1)
+    result = rl_loss_step(trainer.policy, trainer.objective, [(batch, picked)], 1.0)
     trainer_grads = _param_grads(trainer)
     assert trainer_grads and any(bool(g.abs().sum() > 0) for g in trainer_grads)
 
@@ -152,7 +155,7 @@ def test_ppo_wiring_uses_the_value_head_and_terminal_reward(tmp_path):
     batch, rewards = _fixed_batch(trainer, terminal)
     picked = sequence_rewards(rewards, batch.length, "task")
     result = rl_loss_step(
-        trainer.policy, trainer.objective, batch, picked, 1, value_head=trainer.value_head
+        trainer.policy, trainer.objective, [(batch, picked)], 1.0, value_head=trainer.value_head
     )
     # independent: with gamma = lam = 1 the GAE return at every state t <= tau is R_b (no KL
     # term), so the
@@ -183,7 +186,7 @@ def test_rl_config_defaults_and_errors(tmp_path):
         build_config(overrides={"loss": "grpo", "replay.kind": "subm"})
     assert "\n" not in str(info.value)
     with pytest.raises(ConfigError, match=r"multiple of rl\.num_generations"):
-        build_config(overrides={"loss": "grpo", "optim.batch_size": 12})
+        build_config(overrides={"loss": "grpo", "optim.batch_size": 12, "optim.grad_accum": 1})
     with pytest.raises(ConfigError, match=r"rl\.num_generations"):
         build_config(overrides={"loss": "grpo", "rl.num_generations": 1})
     assert build_config(overrides={"loss": "raptb"}).replay.kind == "subm"

@@ -18,7 +18,8 @@ from raptb.app.cli import app
 from raptb.app.config import ConfigError, TrainConfig, build_config
 from raptb.app.reward_schedule import RewardSchedule
 from raptb.app.runtime import PrefixScorer, build_policy
-from raptb.app.step import draw_replay, new_items, reward, roll_out
+from raptb.app.step import new_items, reward, roll_out
+from raptb.app.step_batch import stored_rows
 from raptb.app.train import TrainResult
 from raptb.app.train_command import kappa_line
 from raptb.core.objectives import objective_by_name
@@ -147,9 +148,9 @@ def test_the_reward_stage_applies_the_scale_and_rescores_replayed_rows() -> None
         assert scaled.u_host[b, : len(row) + 1].tolist() == want
     buffer = make_buffer("rp", capacity=50)
     buffer.add(new_items(task, batch, scaled))
-    drawn = draw_replay(
-        policy, buffer, task.prompts()[0], 8, task.max_length, np.random.default_rng(0)
-    )
+    prompt = task.prompts()[0]
+    items = buffer.sample(8, np.random.default_rng(0), prompt)
+    drawn = stored_rows(policy, prompt, items, task.max_length, replayed=True)
     stored = reward(scorer, policy, drawn, 0.0, scale=20.0)
     assert stored.u_host is drawn.stored_u  # reused: lambda at storage time (5)
     again = reward(scorer, policy, drawn, 0.0, scale=20.0, rescore=True)
