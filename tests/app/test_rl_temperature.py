@@ -15,6 +15,7 @@ from raptb.app.config import ConfigError, build_config
 from raptb.app.config_reference import default_text
 from raptb.app.rl_train import RLTrainer, make_trainer
 from raptb.app.step import Trajectories
+from raptb.app.step_batch import StepBatch
 from raptb.core.grpo import GRPO
 from raptb.core.ppo import PPO
 from raptb.core.rl_batch import RLBatch
@@ -83,25 +84,27 @@ def test_rollout_and_log_probs_are_at_the_sampling_temperature(
         for p in trainer.policy.model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
     policy_before = copy.deepcopy(trainer.policy.model)
-    rolled: list[Trajectories] = []
+    rolled: list[StepBatch] = []
     seen: list[RLBatch] = []
 
     def rolling(*args, **kwargs):
-        rolled.append(roll_out(*args, **kwargs))
+        rolled.append(collect_step(*args, **kwargs))
         return rolled[-1]
 
-    def spying(self, batch, *rest):
+    def spying(self, batch, *rest, **options):
         seen.append(batch)
-        return call(self, batch, *rest)
+        return call(self, batch, *rest, **options)
 
     objective = PPO if loss == "ppo" else GRPO
-    roll_out, call = rl_train.roll_out, objective.__call__
-    monkeypatch.setattr(rl_train, "roll_out", rolling)
+    collect_step, call = rl_train.collect_step, objective.__call__
+    monkeypatch.setattr(rl_train, "collect_step", rolling)
     monkeypatch.setattr(objective, "__call__", spying)
     trainer.train()
 
-    (batch,), (scored, *_) = rolled, seen  # the first loss call precedes every optimizer step
-    assert batch.temperature == temperature
+    (step,), (scored, *_) = rolled, seen  # the first loss call precedes every optimizer step
+    (batch,) = step.pieces  # one prompt, every row sampled
+    assert set(step.plan.temperature.tolist()) == {temperature}  # each row sampled at T
+    assert batch.temperature == pytest.approx(temperature, rel=1e-12)
     policy = _trl_log_probs(policy_before, trainer, batch, temperature)
     ref = _trl_log_probs(reference, trainer, batch, temperature)
     assert scored.ref_log_probs is not None
