@@ -32,6 +32,7 @@ from pydantic import (
 from raptb.adapters.registry import TaskOptions, task_names, task_spec
 from raptb.app.config_rl import CISPO_EPSILON_HIGH, RL_LOSSES, RL_PRESET, RLConfig
 from raptb.app.config_sections import (
+    DistributedConfig,
     LoraConfig,
     ObjectiveConfig,
     OptimConfig,
@@ -96,6 +97,9 @@ class TrainConfig(Section):
     reward: RewardConfig = Field(RewardConfig(), description="Reward.")
     lora: LoraConfig = Field(LoraConfig(), description="LoRA.")
     rl: RLConfig = Field(RLConfig(), description="RL baselines (PPO, GRPO).")
+    distributed: DistributedConfig = Field(
+        DistributedConfig(), description="Multi-process launches."
+    )
 
     @field_validator("task")
     @classmethod

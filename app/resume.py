@@ -32,9 +32,11 @@ RESUMABLE_CHANGES = (
     "max_nonfinite",
     "reward.workers",
     "reward.max_failed_steps",
+    "distributed.timeout",
 )
 """Fields ``--resume`` may change: length, checkpoint cadence and retention, CPU threads,
-evaluation size, stop limits and reward workers (scoring in a pool gives identical rewards)."""
+evaluation size, stop limits, reward workers (scoring in a pool gives identical rewards) and the
+collective timeout."""
 
 
 class RunMismatch(ValueError):
