@@ -8,7 +8,8 @@ and turns how it ends into what a job script needs:
   named by ``OUTCOME_ENV``, since a launcher that was signalled reports only its own signal;
 - a rank exited with an error: that rank's exit code (2 for raptb's one-line errors, which the
   rank has printed), without the launcher's traceback;
-- a rank was killed: one line naming it, exit 2 (continue with ``--resume``).
+- a rank was killed, or the ranks did not stop in time after the launcher was signalled: one
+  line, exit 2 (continue with ``--resume``).
 
 The launcher waits ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds for the ranks to stop after it is
 signalled, then kills them; unless set, this command sets it to ``SHUTDOWN_TIMEOUT``, so that
@@ -89,7 +90,15 @@ def launch_command(ctx: typer.Context) -> None:
             accelerate_launch(args)
         except SignalException as exc:
             code = _recorded(outcome)
-            raise typer.Exit(code if code is not None else 128 + exc.sigval) from None
+            if code is None:  # the ranks were killed before they finished stopping
+                Console(stderr=True).print(
+                    f"[red]error:[/] the processes did not stop within {SHUTDOWN_ENV} "
+                    f"({os.environ[SHUTDOWN_ENV]} s) after {exc.sigval.name}; the run's newest "
+                    "checkpoint is intact, continue with --resume",
+                    soft_wrap=True,
+                )
+                code = 2
+            raise typer.Exit(code) from None
         except ChildFailedError as exc:
             rank, failure = exc.get_first_failure()
             if failure.exitcode > 0:
