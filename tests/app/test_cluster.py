@@ -11,7 +11,10 @@ import sys
 import time
 from pathlib import Path
 
+from torch.distributed import DistBackendError
+
 from raptb.app.checkpoint import list_checkpoints
+from raptb.app.errors import describe
 from tests.app.distributed_worker import cli, free_port, run_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,3 +174,11 @@ def test_a_batch_that_does_not_split_is_one_line_before_the_process_group(tmp_pa
         "(it is the global micro-batch, summed over ranks)"
     ]
     assert not (tmp_path / "run").exists()  # refused before the run lock, let alone the group
+
+
+def test_a_dead_peer_in_a_collective_is_a_peer_failure_not_an_internal_error():
+    """A collective outside raptb's watched ones (e.g. FSDP's all-gather) fails when a peer
+    dies: exit 2 and what to do, not "internal error ... report it"."""
+    code, line = describe(DistBackendError("[gloo] Connection closed by peer [127.0.0.1]:1234"))
+    assert code == 2 and line.startswith("a peer process died or stopped answering"), line
+    assert "continue with --resume" in line
