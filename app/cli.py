@@ -17,6 +17,7 @@ from raptb.app.config_reference import config_command
 from raptb.app.enumerate import enumerate_command
 from raptb.app.errors import run_cli
 from raptb.app.evaluate import eval_command
+from raptb.app.launch import launch_command
 from raptb.app.study.command import study_command
 from raptb.app.train_command import train_command
 
@@ -37,6 +38,11 @@ app.command("enumerate")(enumerate_command)
 app.command("eval")(eval_command)
 app.command("study")(study_command)
 app.command("config")(config_command)
+app.command(
+    "launch",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)(launch_command)
 
 
 def _print_version(value: bool) -> None:

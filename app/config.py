@@ -38,6 +38,7 @@ from raptb.app.config_rl import (
     RLConfig,
 )
 from raptb.app.config_sections import (
+    DistributedConfig,
     LoraConfig,
     ObjectiveConfig,
     OptimConfig,
@@ -110,6 +111,9 @@ class TrainConfig(Section):
     reward: RewardConfig = Field(RewardConfig(), description="Reward.")
     lora: LoraConfig = Field(LoraConfig(), description="LoRA.")
     rl: RLConfig = Field(RLConfig(), description="RL baselines (PPO, GRPO).")
+    distributed: DistributedConfig = Field(
+        DistributedConfig(), description="Multi-process launches."
+    )
 
     @field_validator("task")
     @classmethod

@@ -123,6 +123,17 @@ class OptimConfig(Section):
     )
 
 
+class DistributedConfig(Section):
+    """Multi-process launches (accelerate launch, torchrun); no effect on one process."""
+
+    timeout: Positive = Field(
+        600.0,
+        description="Seconds a collective (gradient all-reduce, gathers, the stop flag) waits for "
+        "every process; past it the run ends with one error line naming the rank that did not "
+        "answer, exit 2 (continue with --resume).",
+    )
+
+
 class SamplingConfig(Section):
     """Behaviour policy of on-policy rows."""
 

@@ -33,6 +33,11 @@ one training run:
 - Precision: on CUDA the policy runs in bf16 (``adapters.lora.preferred_dtype``) while logZ stays
   a float32 parameter; gradients are reduced in their own dtypes. accelerate's
   ``mixed_precision`` setting is not used because the model is not wrapped by ``prepare``.
+- Timeout: every collective waits at most ``distributed.timeout`` seconds (the process group's
+  timeout). Before each collective a rank records in the launcher's store how many it has
+  entered, so when one fails the rank that reports it can name the ranks that never got there
+  (:class:`PeerFailure`, one line, exit 2: a stopped, hung or dead process; resume with
+  ``--resume``).
 - FSDP (an accelerate config with ``distributed_type: FSDP``, version 2): the same rules, with
   the policy sharded across ranks; ``app.sharding`` states what sharding adds. DeepSpeed is
   refused clearly (see README).
@@ -40,16 +45,19 @@ one training run:
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from raptb.app.config_sections import DistributedConfig
 from raptb.app.sharding import ShardingPlan, is_sharded, plan_from_accelerate
 from raptb.app.step import LossResult
 from raptb.core.replay import ReplayItem
@@ -58,6 +66,14 @@ T = TypeVar("T")
 
 # accelerate distributed types the explicit gradient all-reduce is correct for
 _DATA_PARALLEL = {"NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU"}
+DEFAULT_TIMEOUT = DistributedConfig.model_fields["timeout"].default
+"""Seconds a collective waits when no configuration says otherwise."""
+_ENTERED = itertools.count(1)  # collectives this process has entered
+_ENTERED_KEY = "raptb/entered/{rank}"
+
+
+class PeerFailure(RuntimeError):
+    """A collective failed: another process died, stopped or did not answer in time."""
 
 
 @dataclass(frozen=True)
@@ -80,12 +96,13 @@ class DistContext:
         return cls(rank=0, world_size=1, local_rank=0, device=device)
 
     @classmethod
-    def from_accelerate(cls) -> DistContext:
+    def from_accelerate(cls, timeout: float = DEFAULT_TIMEOUT) -> DistContext:
         """The context from accelerate's ``PartialState`` (initialises the process group when
         launched by ``accelerate launch``/torchrun; a single-process context otherwise).
 
         Without a launcher's ``WORLD_SIZE`` > 1 in the environment, accelerate is not consulted:
-        one process, as :meth:`single`.
+        one process, as :meth:`single`. ``timeout``: seconds each collective waits for every
+        rank (see the module docstring).
 
         An FSDP launch (``ACCELERATE_USE_FSDP``) carries its :class:`ShardingPlan`. Raises
         ValueError (one line) for DeepSpeed launches and FSDP settings this trainer does not
@@ -97,14 +114,14 @@ class DistContext:
                 "(accelerate configs with distributed_type MULTI_GPU / MULTI_CPU, or FSDP)"
             )
         sharding = plan_from_accelerate() if _env_flag("ACCELERATE_USE_FSDP") else None
-        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        if launched_world_size() <= 1:
             return cls.single()
         from accelerate import PartialState
 
         # without CUDA (or with ACCELERATE_USE_CPU) PartialState needs cpu=True to see a
         # multi-process launch as MULTI_CPU (gloo) instead of one process per rank
         cpu = not torch.cuda.is_available() or _env_flag("ACCELERATE_USE_CPU")
-        state = PartialState(cpu=cpu)
+        state = PartialState(cpu=cpu, timeout=timedelta(seconds=timeout))
         kind = state.distributed_type.name
         if kind not in _DATA_PARALLEL:
             raise ValueError(
@@ -130,7 +147,7 @@ class DistContext:
         if self.world_size == 1:
             return [obj]
         out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj)
+        watched(lambda: dist.all_gather_object(out, obj))
         return out
 
     def broadcast_object(self, obj: T) -> T:
@@ -138,13 +155,13 @@ class DistContext:
         if self.world_size == 1:
             return obj
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        watched(lambda: dist.broadcast_object_list(box, src=0))
         return box[0]
 
     def barrier(self) -> None:
         """Wait until every rank gets here (e.g. until rank 0 has prepared the run directory)."""
         if self.world_size > 1:
-            dist.barrier()
+            watched(dist.barrier)
 
     def on_main(self, work: Callable[[], T]) -> T:
         """``work()`` run on rank 0 only, its result on every rank; an exception it raises is
@@ -172,7 +189,7 @@ class DistContext:
         if self.world_size == 1:
             return flag
         value = torch.tensor([float(flag)], device=self.device)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        watched(lambda: dist.all_reduce(value, op=dist.ReduceOp.MAX))
         return bool(value.item())
 
     def all_true(self, flag: bool) -> bool:
@@ -195,12 +212,60 @@ class DistContext:
             groups.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
         for grads in groups.values():
             flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            watched(lambda: dist.all_reduce(flat, op=dist.ReduceOp.SUM))  # noqa: B023
             flat /= self.world_size
             offset = 0
             for g in grads:
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
+
+
+def watched(collective: Callable[[], object]) -> None:
+    """Run ``collective`` after recording in the launcher's store that this rank entered it; a
+    failure (a timeout, a peer's closed connection) becomes a :class:`PeerFailure` naming the
+    ranks that did not get this far."""
+    entered = next(_ENTERED)
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set(_ENTERED_KEY.format(rank=dist.get_rank()), str(entered))
+        collective()
+    except RuntimeError as exc:  # torch's DistBackendError / DistStoreError and gloo's faults
+        raise PeerFailure(_peer_failure_line(entered, exc)) from exc
+
+
+def _peer_failure_line(entered: int, exc: RuntimeError) -> str:
+    """Which ranks did not reach the collective this rank entered as its ``entered``-th (or, when
+    all did, which may not have left it), and what to do."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    peers = [peer for peer in range(world) if peer != rank]
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set_timeout(timedelta(seconds=5))
+        keys = {peer: _ENTERED_KEY.format(rank=peer) for peer in peers}
+        behind = [
+            peer
+            for peer, key in keys.items()
+            if not store.check([key]) or int(store.get(key)) < entered
+        ]
+        note = ""
+    except RuntimeError:  # the launcher's store is gone too
+        behind, note = [], "; the launcher's store did not answer either"
+    suspects = behind or peers
+    if len(suspects) == 1:
+        who = f"rank {suspects[0]}"
+    else:
+        who = ("ranks " if behind else "one of ranks ") + ", ".join(map(str, suspects))
+    text = str(exc).lower()
+    what = (
+        "did not answer within distributed.timeout"
+        if "timed out" in text or "timeout" in text
+        else "died or closed its connection"
+    )
+    return (
+        f"{who} {what} (seen by rank {rank} at collective {entered}{note}): the process "
+        "died, was stopped or hangs; the run's newest checkpoint is intact, continue with "
+        "--resume"
+    )
 
 
 def leave_process_group() -> None:
@@ -215,6 +280,11 @@ def leave_process_group() -> None:
 def dist_rank() -> int:
     """This process's rank as the launcher set it (0 when not launched)."""
     return int(os.environ.get("RANK", "0"))
+
+
+def launched_world_size() -> int:
+    """The number of processes the launcher started (1 when not launched)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def _env_flag(name: str) -> bool:

@@ -23,6 +23,7 @@ from rich.markup import escape
 
 from raptb.app.checkpoint import CheckpointError
 from raptb.app.config import ConfigError
+from raptb.app.distributed import PeerFailure
 from raptb.app.resume import RunMismatch
 from raptb.app.reward_calls import RewardFailure
 from raptb.app.run_lock import RunLocked
@@ -33,6 +34,7 @@ DEBUG_ENV = "RAPTB_DEBUG"
 USER_FAULTS = (
     CheckpointError,
     ConfigError,
+    PeerFailure,
     RewardFailure,
     RunLocked,
     RunMismatch,
@@ -56,6 +58,20 @@ def _out_of_memory(exc: BaseException) -> bool:
     )
 
 
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _peer_lost(exc: BaseException) -> bool:
+    """A collective outside raptb's own (e.g. FSDP's) failed because another rank is gone."""
+    if type(exc).__name__ in ("DistBackendError", "DistNetworkError", "DistStoreError"):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and (
+        "Connection closed by peer" in text or "Connection reset by peer" in text
+    )
+
+
 def describe(exc: BaseException) -> tuple[int, str]:
     """The exit code and the one-line message for ``exc``."""
     if isinstance(exc, USER_FAULTS):
@@ -69,9 +85,14 @@ def describe(exc: BaseException) -> tuple[int, str]:
         )
     if _out_of_memory(exc):
         return 2, (
-            f"out of memory ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}): "
+            f"out of memory ({_first_line(exc)}): "
             "lower --batch-size and raise --grad-accum (same effective batch), or use a smaller "
             "model; continue with --resume"
+        )
+    if _peer_lost(exc):
+        return 2, (
+            f"a peer process died or stopped answering ({_first_line(exc)}); the run's newest "
+            "checkpoint is intact, continue with --resume"
         )
     if isinstance(exc, OSError):
         where = f": {exc.filename}" if exc.filename else ""

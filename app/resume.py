@@ -34,10 +34,11 @@ RESUMABLE_CHANGES = (
     "reward.workers",
     "reward.max_failed_steps",
     "report_to",
+    "distributed.timeout",
 )
 """Fields ``--resume`` may change: length, checkpoint cadence and retention, CPU threads,
-evaluation size, stop limits, reward workers (scoring in a pool gives identical rewards) and the
-experiment trackers."""
+evaluation size, stop limits, reward workers (scoring in a pool gives identical rewards), the
+experiment trackers and the collective timeout."""
 
 
 class RunMismatch(ValueError):

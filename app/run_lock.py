@@ -44,6 +44,22 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def lock_holder(run_dir: Path) -> str | None:
+    """Who holds ``run_dir``'s lock now ("pid N", or "another process" when its pid file is
+    missing); None when nobody does."""
+    path = Path(run_dir) / LOCK_FILE
+    if not path.is_file():
+        return None
+    lock = FileLock(path, timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        pid = _read_pid(Path(run_dir) / PID_FILE)
+        return "another process" if pid is None else f"pid {pid}"
+    lock.release()
+    return None
+
+
 @contextmanager
 def run_lock(run_dir: Path, warn: Callable[[str], None]) -> Iterator[None]:
     """Hold ``run_dir``'s lock for the ``with`` block (``run_dir`` is created if needed).

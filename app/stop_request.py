@@ -1,16 +1,29 @@
 """Stopping a training run cleanly: the first Ctrl-C or SIGTERM (preemption, ``docker stop``)
-asks the loop to finish the step in progress, checkpoint and stop; a second one aborts with the
-signal's default action. Only signals nobody else handles are taken, so an embedding application
-keeps its own handlers."""
+asks the loop to finish the step in progress, checkpoint and stop. Only signals nobody else
+handles are taken, so an embedding application keeps its own handlers.
+
+What a further signal does follows a cluster's pattern, where one preemption arrives several
+times: SLURM signals every process of a job step and torch's launcher forwards its own SIGTERM
+to the ranks about a millisecond later. So
+
+- a SIGTERM within ``REPEAT_WINDOW`` seconds of the first request is the same request;
+- a second SIGINT (an explicit second Ctrl-C), a SIGINT after a SIGTERM, or a SIGTERM after the
+  window aborts with the signal's default action (no checkpoint).
+"""
 
 from __future__ import annotations
 
+import os
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
+
+REPEAT_WINDOW = 10.0
+"""Seconds after a stop request in which a SIGTERM repeats it instead of aborting."""
 
 
 class StopRequest:
@@ -20,6 +33,7 @@ class StopRequest:
         self.console = console
         self.requested = False
         self.signum: int | None = None
+        self._since: float | None = None  # time.monotonic() of the first signal
 
     def request(self) -> None:
         """Ask the loop to stop after the step in progress (as a signal would, without one)."""
@@ -46,9 +60,18 @@ class StopRequest:
                 signal.signal(signum, handler)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        self.requested = True
-        self.signum = signum
-        default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
-        signal.signal(signum, default)
         name = signal.Signals(signum).name
-        self.console.print(f"[yellow]{name}: finishing this step and checkpointing...[/]")
+        now = time.monotonic()
+        if self._since is None:
+            self.requested = True
+            self.signum = signum
+            self._since = now
+            self.console.print(f"[yellow]{name}: finishing this step and checkpointing...[/]")
+            return
+        if signum == signal.SIGTERM and now - self._since < REPEAT_WINDOW:
+            return  # the same preemption, delivered again (by the launcher, by the cluster)
+        self.console.print(f"[red]{name} again: aborting without a checkpoint[/]")
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)

@@ -128,7 +128,9 @@ class Trainer:
         dist: DistContext | None = None,
     ) -> None:
         self.cfg = config
-        self.dist = DistContext.from_accelerate() if dist is None else dist
+        self.dist = (
+            DistContext.from_accelerate(config.distributed.timeout) if dist is None else dist
+        )
         self.rank_batch = per_rank_batch(config.optim.batch_size, self.dist.world_size)
         self.run_dir = Path(run_dir)
         self.console = console or Console(stderr=True)

@@ -23,7 +23,14 @@ from raptb.adapters.registry import task_names, task_spec
 from raptb.app.checkpoint import list_checkpoints, remove_stale_temporaries
 from raptb.app.config import ConfigError, TrainConfig, build_config
 from raptb.app.config_reference import default_text, field_at
-from raptb.app.distributed import DistContext, dist_rank, leave_process_group
+from raptb.app.distributed import (
+    DistContext,
+    dist_rank,
+    launched_world_size,
+    leave_process_group,
+    per_rank_batch,
+)
+from raptb.app.launch import record_outcome
 from raptb.app.resume import CONFIG_FILE, claim_new_run, resumed_config
 from raptb.app.rl_train import make_trainer
 from raptb.app.run_lock import RunLocked, run_lock
@@ -37,9 +44,9 @@ def _warn(line: str) -> None:
     _err.print(f"warning: {line}", style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 
-def _fail(message: str, rank: int = 0) -> typer.Exit:
+def _fail(message: str) -> typer.Exit:
     """Exit 2 with ``message``, printed once (by rank 0) when several processes share a run."""
-    if rank == 0:
+    if dist_rank() == 0:
         _err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code=2)
 
@@ -179,7 +186,9 @@ def train_command(
         raise _fail(str(exc)) from None
     run_dir = out or Path("runs") / f"{cfg.task}-{cfg.loss}-{cfg.replay.kind}-s{cfg.seed}"
     try:
-        dist = DistContext.from_accelerate()
+        # refused before the process group starts: every rank exits at once with one line
+        per_rank_batch(cfg.optim.batch_size, launched_world_size())
+        dist = DistContext.from_accelerate(cfg.distributed.timeout)
         with ExitStack() as held:
 
             def prepare() -> tuple[dict[str, Any], bool]:
@@ -197,12 +206,21 @@ def train_command(
             result = trainer.train()
             leave_process_group()
     except (TrainingError, ValueError, RunLocked) as exc:
-        raise _fail(str(exc), dist_rank()) from None
+        raise _fail(str(exc)) from None
+    code = EXIT_TERMINATED if result.stop_signal == signal.SIGTERM else 0
     if not dist.is_main:
-        raise typer.Exit(EXIT_TERMINATED if result.stop_signal == signal.SIGTERM else 0)
+        raise typer.Exit(code)
+    record_outcome(code)
     state = "interrupted" if result.interrupted else "done"
     _err.print(f"{state}: {result.step}/{cfg.steps} steps; run directory {result.run_dir}")
     if result.interrupted:
-        _err.print(f"continue with: raptb train --resume --out {result.run_dir}")
-    if result.stop_signal == signal.SIGTERM:
-        raise typer.Exit(EXIT_TERMINATED)
+        again = f"train --resume --out {result.run_dir}"
+        if dist.world_size > 1:
+            again = (
+                f"raptb launch [the same accelerate options] {again} (or accelerate launch "
+                f"[the same options] -m raptb {again})"
+            )
+        else:
+            again = f"raptb {again}"
+        _err.print(f"continue with: {again}", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(code)

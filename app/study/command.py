@@ -124,7 +124,10 @@ def study_command(
         for task in conflicts:
             _err.print(escape(f"conflict: {task.run_dir} {task.state.reason}"), soft_wrap=True)
         if conflicts:
-            raise _fail("runs of another configuration are in the way; use another --out")
+            raise _fail(
+                "runs of another configuration, or still being written, are in the way; use "
+                "another --out, or wait for them"
+            )
         todo = [t for t in tasks if t.state.action != "done"]
         if not todo:
             _err.print(f"nothing to run ({len(tasks)}/{len(tasks)} runs done)")

@@ -6,7 +6,9 @@ children's output goes to ``study-train.log`` / ``study-eval.log`` in the run di
 ``study.json`` records the wall time of training (summed over resumptions) and evaluation.
 
 Ctrl-C reaches the children too (same process group): training checkpoints and exits, no new
-run starts, and the next invocation picks up where this one stopped.
+run starts, and the next invocation picks up where this one stopped. A study killed otherwise
+(kill -9, a lost session) takes its children with it: each gets SIGTERM when the study process
+ends (a parent-death signal), checkpoints and exits.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -28,19 +31,36 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from raptb.app.config import save_config
+from raptb.app.run_lock import lock_holder
 from raptb.app.study.plan import PlannedRun
-from raptb.app.study.state import METRICS, RunState, latest_step, read_json
+from raptb.app.study.state import METRICS, PLANNED_CONFIG, RunState, latest_step, read_json
 
-PLANNED_CONFIG = "study-config.toml"
 RECORD = "study.json"
+PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 # the ``raptb`` console script run with this interpreter; SIGINT's default handler is restored
 # because a study started in the background (``... &``) passes SIGINT on as ignored
+STUDY_PID_ENV = "RAPTB_STUDY_PID"
 RAPTB = (
     sys.executable,
     "-c",
     "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from raptb.app.study.run import die_with_the_study; die_with_the_study(); "
     "sys.argv[0] = 'raptb'; from raptb.app.cli import main; main()",
 )
+
+
+def die_with_the_study() -> None:
+    """In a study's child: SIGTERM when the study process ends in any way (kill -9 included), so
+    a trainer checkpoints and exits instead of running on unwatched (Linux; elsewhere a no-op).
+    A study already gone before this point ends the child at once."""
+    study = int(os.environ.get(STUDY_PID_ENV, "0"))
+    if not study or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != study:
+        sys.exit(128 + signal.SIGTERM)
 
 
 @dataclass(frozen=True)
@@ -102,6 +122,7 @@ def _child_env(threads: int) -> dict[str, str]:
         TOKENIZERS_PARALLELISM="false",
         PYTHONUNBUFFERED="1",
     )
+    env[STUDY_PID_ENV] = str(os.getpid())
     return env
 
 
@@ -147,6 +168,9 @@ class StudyRunner:
         """Train (unless already trained) and evaluate one run; a Failure or None."""
         run_dir, action = task.run_dir, task.state.action
         if action in ("train", "restart"):
+            holder = lock_holder(run_dir)
+            if holder is not None:  # started since the plan was made
+                return Failure(task.run.name, f"{run_dir} is being written by {holder}")
             shutil.rmtree(run_dir, ignore_errors=True)
             run_dir.mkdir(parents=True)
             save_config(task.run.config, run_dir / PLANNED_CONFIG)

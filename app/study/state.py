@@ -4,8 +4,11 @@
     eval      trained to the final step; evaluate only
     resume    a checkpoint before the final step and ``--resume``: continue training
     restart   the same without ``--resume``: train from scratch (the directory is cleared)
-    train     no checkpoint yet: train from scratch (leftovers of a failed start are cleared)
-    conflict  the directory holds a run of another configuration; the study will not touch it
+    train     no checkpoint yet, or checkpoints without config.toml beside the study's planned
+              config (a start interrupted before train wrote config.toml): train from scratch
+              (leftovers of a failed start are cleared)
+    conflict  the directory holds a run of another configuration, or a live process (a trainer
+              of an earlier, killed study) holds its run lock; the study will not touch it
 
 A run counts as the study's when its saved config.toml equals the planned one up to ``threads``
 (the runner's choice, not the experiment's).
@@ -20,8 +23,11 @@ from typing import Any
 
 from raptb.app.checkpoint import checkpoint_step, latest_checkpoint
 from raptb.app.config import ConfigError, TrainConfig, build_config
+from raptb.app.run_lock import lock_holder
 
 METRICS = Path("eval") / "metrics.json"
+PLANNED_CONFIG = "study-config.toml"
+"""The study's planned config, written into a run directory before its trainer starts."""
 
 
 @dataclass(frozen=True)
@@ -52,12 +58,12 @@ def _comparable(config: TrainConfig) -> dict[str, Any]:
     return config.model_copy(update=update).model_dump(mode="json")
 
 
-def config_difference(planned: TrainConfig, run_dir: Path) -> str | None:
-    """None when ``run_dir/config.toml`` is the planned config, else the first differing field."""
+def config_difference(planned: TrainConfig, run_dir: Path, name: str = "config.toml") -> str | None:
+    """None when ``run_dir/name`` is the planned config, else the first differing field."""
     try:
-        saved = build_config(run_dir / "config.toml")
+        saved = build_config(run_dir / name)
     except ConfigError as exc:
-        return f"its config.toml is unreadable ({exc})"
+        return f"its {name} is unreadable ({exc})"
     want, have = _comparable(planned), _comparable(saved)
     for path, value in _leaves(want):
         found = _get(have, path)
@@ -89,8 +95,17 @@ def run_state(
 ) -> RunState:
     """What ``run_dir`` needs to hold the evaluated run of ``config``."""
     step = latest_step(run_dir)
+    holder = lock_holder(run_dir)
+    if holder is not None:
+        return RunState(
+            "conflict", step, f"is being written by {holder}; wait for it to end or stop it"
+        )
     if step is None:
         return RunState("train")
+    if not (run_dir / "config.toml").exists() and (
+        config_difference(config, run_dir, PLANNED_CONFIG) is None
+    ):
+        return RunState("train", step, "(a start interrupted before config.toml was written)")
     difference = config_difference(config, run_dir)
     if difference is not None:
         return RunState("conflict", step, f"holds another run ({difference})")

@@ -100,6 +100,8 @@ def test_sigterm_checkpoints_and_exits_143(tmp_path):
     proc = spawn(*RUN, "--steps", "200", "--out", str(run))
     wait_for_lines(run, 3, proc)
     proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)  # after the first is handled (two at once would be delivered as one)
+    proc.send_signal(signal.SIGTERM)  # a cluster's second SIGTERM is the same request
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
     assert "SIGTERM: finishing this step and checkpointing" in err

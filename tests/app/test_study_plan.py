@@ -7,6 +7,7 @@ the Expr24 main table.)
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from pathlib import Path
 
@@ -15,10 +16,11 @@ from typer.testing import CliRunner
 
 from raptb.app.cli import app
 from raptb.app.config import TrainConfig, build_config, save_config
+from raptb.app.run_lock import run_lock
 from raptb.app.study.plan import plan_study, select_runs
 from raptb.app.study.run import RunTask, train_args
 from raptb.app.study.spec import StudyError, flatten, load_study
-from raptb.app.study.state import run_state
+from raptb.app.study.state import PLANNED_CONFIG, run_state
 
 REPO = Path(__file__).resolve().parents[2]
 STUDIES = REPO / "studies"
@@ -161,6 +163,26 @@ def test_run_states_resume_eval_done_and_conflicts(tmp_path):
     assert conflict.action == "conflict" and "steps = 10, planned 20" in conflict.reason
     other = build_config(None, {"loss": "raptb", "replay.kind": "rp", "steps": 10})
     assert run_state(other, tmp_path / "trained", 32, 0, resume=False).action == "conflict"
+
+
+def test_a_locked_run_is_never_cleared_and_an_interrupted_start_is_restarted(tmp_path):
+    config = build_config(None, {"loss": "tb", "replay.kind": "rp", "steps": 10})
+    fake_run_dir(tmp_path / "busy", config, checkpoint=4)
+    with run_lock(tmp_path / "busy", print):  # a trainer of a killed study, still running
+        state = run_state(config, tmp_path / "busy", 32, 0, resume=False)
+        assert state.action == "conflict"
+        assert f"is being written by pid {os.getpid()}" in state.reason
+    assert run_state(config, tmp_path / "busy", 32, 0, resume=False).action == "restart"
+
+    # checkpoints but no config.toml: the study wrote its planned config, the trainer was
+    # stopped before writing config.toml
+    fake_run_dir(tmp_path / "torn", config, checkpoint=4)
+    (tmp_path / "torn" / "config.toml").unlink()
+    assert run_state(config, tmp_path / "torn", 32, 0, resume=True).action == "conflict"
+    save_config(config, tmp_path / "torn" / PLANNED_CONFIG)
+    assert run_state(config, tmp_path / "torn", 32, 0, resume=True).action == "train"
+    other = build_config(None, {"loss": "raptb", "replay.kind": "rp", "steps": 10})
+    assert run_state(other, tmp_path / "torn", 32, 0, resume=True).action == "conflict"
 
 
 def _config_paths(study: Path) -> set[str]:

@@ -6,13 +6,20 @@ the study goes on, and --report-only."""
 from __future__ import annotations
 
 import csv
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from raptb.app.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TOY = """
 title = "Toy study"
@@ -126,3 +133,73 @@ def test_toy_study_runs_reports_resumes_and_reports_failures(tmp_path, monkeypat
         assert len(list(csv.DictReader(handle))) == 8
     assert header in (out / "table.md").read_text()
     assert stamps(runs) == after
+
+
+KILLED = """
+title = "Killed study"
+seeds = [0]
+
+[base]
+steps = 200
+checkpoint_every = 100
+"replay.kind" = "rp"
+task = "custom"
+custom = { reward = "tests.app.flaky_rewards:slow" }
+optim = { batch_size = 4, grad_accum = 1 }
+
+[axes]
+loss = ["tb"]
+
+[rows]
+base = {}
+
+[eval]
+samples = 4
+
+[table]
+rows = ["row"]
+columns = ["loss"]
+metrics = [{ key = "acc", name = "Acc" }]
+"""
+
+
+def test_a_killed_studys_trainer_checkpoints_and_exits_and_the_rerun_resumes_it(tmp_path):
+    """kill -9 of ``raptb study``: its trainer gets SIGTERM (parent-death signal), checkpoints
+    and exits; the rerun plans to resume (or, without --resume, restart) the run instead of
+    calling it a conflict or clearing it under a live trainer."""
+    spec = tmp_path / "killed.toml"
+    spec.write_text(KILLED)
+    out, run = tmp_path / "out", tmp_path / "out" / "runs" / "tb-base-s0"
+    args = ["study", str(spec), "--out", str(out), "--no-progress"]
+    code = "from raptb.app.cli import main; main()"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, env=env)
+    deadline = time.monotonic() + 240
+    while not (run / "metrics.jsonl").is_file() or not (run / ".lock.pid").is_file():
+        assert time.monotonic() < deadline and proc.poll() is None, "no trainer started"
+        time.sleep(0.05)
+    trainer = int((run / ".lock.pid").read_text())
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 120
+    try:
+        while Path(f"/proc/{trainer}").exists() and "Z" not in _state(trainer):
+            assert time.monotonic() < deadline, "the trainer outlived its study"
+            time.sleep(0.05)
+    finally:
+        if "Z" not in _state(trainer):
+            os.kill(trainer, signal.SIGKILL)  # no orphan left running when the test fails
+    assert not (run / ".lock.pid").exists()  # it ended through its stop path
+    assert (run / "config.toml").is_file() and list((run / "checkpoints").glob("step-*"))
+
+    for flag, action in (("--resume", "resume"), ("--no-resume", "restart")):
+        done = CliRunner().invoke(app, [*args[:-1], flag, "--dry-run"])
+        assert done.exit_code == 0, done.output
+        assert re.search(rf"tb-base-s0\s+{action}", done.output), done.output
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return "Z"

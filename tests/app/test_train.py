@@ -153,6 +153,27 @@ def test_ctrl_c_finishes_the_step_and_checkpoints(tmp_path, monkeypatch):
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def _signals_after_the_first_step(trainer, monkeypatch, *signums: int) -> None:
+    real = trainer._optimizer_step
+
+    def step_then_signal():
+        out = real()
+        if trainer.step == 0:
+            for signum in signums:
+                os.kill(os.getpid(), signum)
+        return out
+
+    monkeypatch.setattr(trainer, "_optimizer_step", step_then_signal)
+
+
+def test_sigint_after_sigterm_aborts(tmp_path, monkeypatch):
+    trainer = Trainer(small_config(steps=5, checkpoint_every=100), tmp_path, progress=False)
+    _signals_after_the_first_step(trainer, monkeypatch, signal.SIGTERM, signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert list_checkpoints(tmp_path) == []
+
+
 def test_non_finite_losses_are_skipped_then_stop(tmp_path, monkeypatch):
     trainer = Trainer(small_config(steps=5, max_nonfinite=3), tmp_path, progress=False)
     monkeypatch.setattr(trainer, "_optimizer_step", lambda: None)
