@@ -20,23 +20,31 @@ out alone, up to float rounding.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 
 from raptb.adapters.grammar import unpack_bitmask
 from raptb.adapters.rollout_record import Rollout, RolloutTimings, row_temperatures, token_log_probs
 from raptb.adapters.row_prompts import check_rollout_shape, left_padded, row_prompt_ids
-from raptb.adapters.static_decode import static_rollout
+from raptb.adapters.static_decode import DecodingPolicy, static_rollout
 
-if TYPE_CHECKING:  # the policy calls this module; only its type is needed here
-    from raptb.adapters.policy import HFPolicy
+
+class RolloutPolicy(DecodingPolicy, Protocol):
+    """What the rollout needs of ``raptb.adapters.policy.HFPolicy`` (which calls this module, so
+    it is named by its shape rather than imported): the static path's needs, the resolved decoding
+    path, and the lock-step hook of a sharded model (None otherwise)."""
+
+    step_together: Callable[[bool], bool] | None
+
+    @property
+    def decode_path(self) -> str: ...
 
 
 @torch.no_grad()
 def sample_rollout(
-    policy: HFPolicy,
+    policy: RolloutPolicy,
     prompt: str | Sequence[str],
     n: int,
     *,
