@@ -1,4 +1,4 @@
-"""Configuration as the single source of defaults: descriptions, help texts, README table."""
+"""Configuration as the single source of defaults: descriptions, help texts, the docs' table."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from raptb.app.config import ObjectiveConfig
 from raptb.app.config_reference import TABLE_END, TABLE_START, config_fields, markdown_table
 from raptb.core.objectives import OBJECTIVES
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REFERENCE_PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 BUILTIN_TASKS = ("expr24", "smiles", "commongen", "amp", "custom")
 
 
@@ -23,8 +23,8 @@ def test_every_field_is_described() -> None:
     assert missing == []
 
 
-def test_readme_table_is_generated_from_the_model() -> None:
-    text = README.read_text(encoding="utf-8")
+def test_reference_table_is_generated_from_the_model() -> None:
+    text = REFERENCE_PAGE.read_text(encoding="utf-8")
     start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
     # the shipped tasks only: other tests register a toy task in this process
     assert text[start:end].strip() == markdown_table(BUILTIN_TASKS).strip()

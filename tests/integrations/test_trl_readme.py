@@ -1,4 +1,4 @@
-"""The README's "With TRL" example runs as written (CPU, a small local model it builds)."""
+"""The "With TRL" example of docs/trl.md runs as written (CPU, a small local model it builds)."""
 
 from __future__ import annotations
 
@@ -11,25 +11,24 @@ import pytest
 pytest.importorskip("trl")
 pytest.importorskip("datasets")
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+TRL_PAGE = Path(__file__).resolve().parents[2] / "docs" / "trl.md"
 
 
 def with_trl_example() -> str:
-    text = README.read_text()
-    section = text[text.index("## With TRL") :]
-    section = section[: section.index("\n## ", 1)]
-    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
-    assert len(blocks) == 1, "the section holds one Python example"
+    text = TRL_PAGE.read_text()
+    assert text.startswith("# With TRL")
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+    assert len(blocks) == 1, "the page holds one Python example"
     return blocks[0]
 
 
-def test_the_readme_trl_example_runs_as_written(
+def test_the_docs_trl_example_runs_as_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setitem(os.environ, "TRL_EXPERIMENTAL_SILENCE", "1")
     namespace: dict[str, object] = {"__name__": "readme_example"}
-    exec(compile(with_trl_example(), str(README), "exec"), namespace)
+    exec(compile(with_trl_example(), str(TRL_PAGE), "exec"), namespace)
     trainer = namespace["trainer"]
     assert trainer.state.global_step == 2  # type: ignore[attr-defined]
     assert (tmp_path / "tiny-llama" / "config.json").exists()
