@@ -6,7 +6,7 @@ schedulers") with two deliberate changes for the embedded from-scratch model: a 
 learning rate (1e-3 instead of LoRA's 1e-4) and logZ in its own parameter group (lr 0.1, float32),
 see objectives.md "logZ". Schedules run over ``schedule_steps`` optimizer steps (default: the
 run's ``steps``), so a shorter run keeps the paper's schedule shape. Each field is described
-once, here; the CLI help and the README's reference table are generated from these descriptions.
+once, here; the CLI help and the docs' reference table are generated from these descriptions.
 
 Everything task-dependent comes from the task registry (adapters.registry): the valid ``task``
 names, one config section per task (``[smiles]``, ``[custom]``), and the task's presets (the

@@ -1,8 +1,8 @@
-"""The configuration documented from its own fields: CLI help, shown defaults, README table.
+"""The configuration documented from its own fields: CLI help, shown defaults, docs table.
 
 Every field of ``TrainConfig`` (general sections and the registered tasks' sections) carries its
 description once, in its pydantic ``Field``; this module turns the fields into the text the
-``raptb train`` flags show and into the README's reference table (``raptb config --markdown``),
+``raptb train`` flags show and into the docs' reference table (``raptb config --markdown``),
 so neither can drift from the model.
 """
 
@@ -100,8 +100,8 @@ def default_text(path: str, tasks: Sequence[str] | None = None) -> str | None:
 
 
 def markdown_table(tasks: Sequence[str] | None = None) -> str:
-    """The README's reference table: one row per field with its default and description (task
-    sections of ``tasks``, default every registered task)."""
+    """The docs' reference table (docs/configuration.md): one row per field with its default and
+    description (task sections of ``tasks``, default every registered task)."""
     rows = ["| field | default | description |", "| --- | --- | --- |"]
     for path, field in config_fields(tasks):
         default = (default_text(path, tasks) or "None").replace("|", "\\|")

@@ -1,6 +1,6 @@
 """The sections of a run's configuration (``[objective]``, ``[optim]``, ``[sampling]``,
 ``[replay]``, ``[reward]``, ``[lora]``): pydantic models, one field per knob of the paper's tables,
-each described once (the CLI help and the README's reference table are generated from these
+each described once (the CLI help and the docs' reference table are generated from these
 descriptions, app.config_reference). ``TrainConfig`` (app.config) assembles them with the task's
 presets; a field left None takes the run's task preset.
 """

@@ -40,7 +40,7 @@ one training run:
   ``--resume``).
 - FSDP (an accelerate config with ``distributed_type: FSDP``, version 2): the same rules, with
   the policy sharded across ranks; ``app.sharding`` states what sharding adds. DeepSpeed is
-  refused clearly (see README).
+  refused clearly (see docs/distributed.md).
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def _print_plan(tasks: list[RunTask]) -> None:
 
 
 def study_command(
-    study: Annotated[Path, typer.Argument(help="Study file (TOML); see the README's Studies.")],
+    study: Annotated[Path, typer.Argument(help="Study file (TOML); see docs/studies.md.")],
     workers: Annotated[int, typer.Option(help="Runs at a time (threads: cores // workers).")] = 1,
     out: Annotated[
         Path | None, typer.Option(help="Output folder. (default: runs/studies/<study name>)")
