@@ -30,7 +30,7 @@ custom = { reward = "tests.app.flaky_rewards:slow" }
 
 
 def train(tmp_path: Path, run: Path, *flags: str) -> list[str]:
-    """The README's SLURM line: ``train --config run.toml --out RUN --resume``."""
+    """The SLURM line of docs/guarantees.md: ``train --config run.toml --out RUN --resume``."""
     config = tmp_path / "run.toml"
     config.write_text(RUN_TOML)
     return [
@@ -46,8 +46,8 @@ def train(tmp_path: Path, run: Path, *flags: str) -> list[str]:
 
 
 def launch(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """``raptb launch`` with the README's 2-CPU-process config and ``args``, in its own process
-    group."""
+    """``raptb launch`` with docs/distributed.md's 2-CPU-process config and ``args``, in its own
+    process group."""
     options = ["--config_file", str(ROOT / "configs" / "accelerate" / "cpu_2proc.yaml")]
     options += ["--main_process_port", str(free_port())]
     code = "from raptb.app.cli import main; main()"
@@ -95,8 +95,8 @@ def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
 
 
 def test_sigterm_to_every_process_checkpoints_exits_143_and_resumes_exactly(tmp_path):
-    """The README's SLURM pattern: SIGTERM reaches the launcher and every rank at once (and the
-    launcher forwards its own a moment later)."""
+    """The SLURM pattern of docs/guarantees.md: SIGTERM reaches the launcher and every rank at
+    once (and the launcher forwards its own a moment later)."""
     ref, run = tmp_path / "ref", tmp_path / "run"
     run_ranks(cli, *train(tmp_path, ref))  # uninterrupted, in forked ranks (faster to start)
 
