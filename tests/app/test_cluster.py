@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from torch.distributed import DistBackendError
 
 from raptb.app.checkpoint import list_checkpoints
@@ -118,19 +119,32 @@ def test_sigterm_to_every_process_checkpoints_exits_143_and_resumes_exactly(tmp_
     assert records(run) == records(ref)
 
 
-def test_sigterm_to_the_launcher_only_waits_for_a_slow_step(tmp_path):
-    """A shell's ``kill`` or a scheduler that signals the launcher alone: it forwards SIGTERM,
-    waits (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, set by raptb launch) for a step longer than the
-    shortened limit below would allow, and exits 143 as the ranks do."""
+@pytest.mark.parametrize(("limit", "expected"), [(None, 143), ("0", 2)])
+def test_sigterm_to_the_launcher_only_waits_as_long_as_the_shutdown_limit(
+    tmp_path, limit, expected
+):
+    """A shell's ``kill`` or a scheduler that signals the launcher alone: it forwards SIGTERM and
+    waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds for the ranks before killing them. Under raptb
+    launch's default (600 s, not torch's 30) the ranks finish their step (a slow reward: 0.1 s a
+    sample), checkpoint, and the launch exits 143; a limit shorter than a step and a checkpoint
+    (a user's own setting, 0 s here) has the ranks killed first: one line, exit 2, no checkpoint."""
     run = tmp_path / "run"
-    proc = launch(*train(tmp_path, run, "--steps", "50"))
+    env = None if limit is None else {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": limit}
+    proc = launch(*train(tmp_path, run, "--steps", "50"), env=env)
     wait_for_lines(run, 1, proc)
+    # the limit the launcher was started with, as its ranks inherited it
+    for pid in ranks_of(proc.pid):
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert f"TORCH_ELASTIC_SHUTDOWN_TIMEOUT={limit or 600}".encode() in environ
     os.kill(proc.pid, signal.SIGTERM)
     code, err = finish(proc)
-    assert code == 143, err
+    assert code == expected, err
     assert "Traceback" not in err, err
     done = len(records(run))
-    assert [c.name for c in list_checkpoints(run)] == [f"step-{done:06d}"]
+    stopped = [f"step-{done:06d}"] if expected == 143 else []
+    assert [c.name for c in list_checkpoints(run)] == stopped
+    if expected == 2:
+        assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1, err
 
 
 def rank_pid(launcher: int, rank: int) -> int:
