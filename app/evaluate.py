@@ -211,7 +211,20 @@ def _print_summary(metrics: dict[str, Any], out: Path, spec: TaskSpec) -> None:
         for n, cells in metrics["by_length"].items():
             lengths.add_row(n, *(_cell(cells[column]) for column in spec.length_table))
         console.print(lengths)
+    if "n_solutions" in metrics:
+        console.print(_solution_context(metrics))
     console.print(f"wrote {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")
+
+
+def _solution_context(metrics: dict[str, Any]) -> str:
+    """The coverage figures beside what the target would give at the same N (Expr24)."""
+    n, found, total = metrics["n_samples"], metrics["cov_count"], metrics["n_solutions"]
+    return (
+        f"found {found:,} of the {total:,} solutions in N = {n:,} samples "
+        f"(NormCov {metrics['norm_cov']:.3f}); sampling the target (uniform over the solutions) "
+        f"would find {metrics['target_unique']:,.0f} in expectation (NormCov "
+        f"{metrics['target_norm_cov']:.3f})"
+    )
 
 
 def _cell(value: float) -> str:

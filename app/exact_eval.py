@@ -167,6 +167,10 @@ def print_exact_summary(metrics: dict[str, Any]) -> None:
             else:
                 cells += ["", "", ""]
         table.add_row(*cells)
+    for n, expected in metrics["target_expected_distinct"].items():
+        table.add_row(
+            f"E distinct, N={n}, sampling p*", f"{expected:.2f}", *([""] * 3 * bool(sampled))
+        )
     console = Console()
     console.print(table)
     console.print(f"exact evaluation took {metrics['timings']['total_s']:.1f} s")

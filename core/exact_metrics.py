@@ -149,12 +149,16 @@ def exact_metrics(
     [P] log pi and tokens before the stop of each token path (P = M when every text has one
     path), for the mass per length. draws: the N values of E_N. log_target: [M] log-weights of
     p* (default uniform). Keys: n_solutions, acc, log_acc, mass_by_length ({n: mass}),
-    kl_target_pi, expected_distinct ({N: E_N}), distinct_sd_bound ({N: sd}).
+    kl_target_pi, expected_distinct ({N: E_N}), distinct_sd_bound ({N: sd}),
+    target_expected_distinct ({N: E_N of N draws from p* itself}, for context).
     """
     values = _log_probs(log_pi)
     target = np.zeros_like(values) if log_target is None else log_target
     log_acc = _log_sum(values)
     by_length = mass_by_length(path_log_pi, path_lengths)
+    log_target_normalised = np.asarray(target, dtype=np.float64) - _log_sum(
+        np.asarray(target, dtype=np.float64)
+    )
     return {
         "n_solutions": int(values.size),
         "acc": float(np.exp(log_acc)),
@@ -163,6 +167,9 @@ def exact_metrics(
         "kl_target_pi": conditional_kl(target, values),
         "expected_distinct": {str(n): expected_distinct(values, n) for n in draws},
         "distinct_sd_bound": {str(n): distinct_sd_bound(values, n) for n in draws},
+        "target_expected_distinct": {
+            str(n): expected_distinct(log_target_normalised, n) for n in draws
+        },
     }
 
 

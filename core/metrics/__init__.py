@@ -27,7 +27,7 @@ Modules, one concept each (their docstrings hold the formulas):
 """
 
 from raptb.core.metrics._arrays import TokenSequence
-from raptb.core.metrics.coverage import Coverage, coverage
+from raptb.core.metrics.coverage import Coverage, coverage, target_distinct
 from raptb.core.metrics.divergence import (
     DIVERGENCE_EPS,
     MarginalDivergences,
@@ -101,6 +101,7 @@ __all__ = [
     "stabilised_js",
     "stabilised_kl",
     "student_t_quantile",
+    "target_distinct",
     "token_marginals",
     "unique_count",
     "unique_rate",

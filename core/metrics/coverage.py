@@ -3,12 +3,18 @@
 Unique = distinct correct sequences, CovCount = |Unique ∩ Y*|, Cov = CovCount / |Y*|,
 NormCov = CovCount / min(N, |Y*|) with N the number of draws (so a run that drew fewer samples
 than |Y*| can still reach 1).
+
+For context, :func:`target_distinct` is what the target would give at the same N: the expected
+number of distinct solutions in N independent draws from p*, uniform over Y* (the p* of the KL
+columns; Expr24's target with kappa = 0), |Y*| (1 - (1 - 1/|Y*|)^N).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from raptb.core.metrics._arrays import TokenSequence, safe_div
 
@@ -46,3 +52,17 @@ def coverage(
         cov=safe_div(cov_count, len(oracle)),
         norm_cov=safe_div(cov_count, min(n_samples, len(oracle))),
     )
+
+
+def target_distinct(n_solutions: int, n_draws: int) -> float:
+    """Expected distinct solutions in ``n_draws`` draws from the uniform distribution over
+    ``n_solutions``: |Y*| (1 - (1 - 1/|Y*|)^N), as -expm1(N log1p(-1/|Y*|)) so that large |Y*|
+    loses no digits. 0 when there are no solutions or no draws.
+    """
+    if n_solutions < 0 or n_draws < 0:
+        raise ValueError(f"n_solutions ({n_solutions}) and n_draws ({n_draws}) must be >= 0")
+    if n_solutions == 0 or n_draws == 0:
+        return 0.0
+    if n_solutions == 1:
+        return 1.0  # log1p(-1) = -inf
+    return float(-n_solutions * np.expm1(n_draws * np.log1p(-1.0 / n_solutions)))

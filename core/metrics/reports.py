@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from raptb.core.metrics._arrays import safe_div
-from raptb.core.metrics.coverage import coverage
+from raptb.core.metrics.coverage import coverage, target_distinct
 from raptb.core.metrics.divergence import marginal_divergences
 from raptb.core.metrics.diversity import fp_div, macro_fp_div
 from raptb.core.metrics.prefix import prefix_diagnostics
@@ -110,6 +110,8 @@ def expr24_metrics(
     """Every Expr24 metric of metrics.md as a JSON-ready dict.
 
     Keys: n_samples, n_correct, acc, score, unique, uniq_rate, cov_count, cov, norm_cov,
+    n_solutions (|Y*|), target_unique and target_norm_cov (what the target p*, uniform over Y*,
+    gives in expectation at the same N),
     kl_pi_p, kl_p_pi, js_tok, log_pterm, log_pterm_by_length, len_mean, len50, len90,
     count_by_length, frac_by_length, entropy, entropy_by_length, prefix (depth/surv/pef_ent/
     eff/top1/unique_rate lists, depths 1..max(bucket_lengths)). count/frac_by_length cover
@@ -142,6 +144,7 @@ def expr24_metrics(
         "cov_count": cover.cov_count,
         "cov": cover.cov,
         "norm_cov": cover.norm_cov,
+        **_target_context(len(set(map(tuple, solutions))), len(rows)),
         "kl_pi_p": divergences.kl_pi_p,
         "kl_p_pi": divergences.kl_p_pi,
         "js_tok": divergences.js_tok,
@@ -151,6 +154,17 @@ def expr24_metrics(
         "frac_by_length": {
             str(n): length_fraction(token_lengths, correct, n, n) for n in bucket_lengths
         },
+    }
+
+
+def _target_context(n_solutions: int, n_samples: int) -> dict[str, Any]:
+    """|Y*| and what the target (uniform over Y*) gives at the same N: expected distinct correct
+    and the NormCov it implies (coverage.target_distinct)."""
+    expected = target_distinct(n_solutions, n_samples)
+    return {
+        "n_solutions": n_solutions,
+        "target_unique": expected,
+        "target_norm_cov": safe_div(expected, min(n_samples, n_solutions)),
     }
 
 

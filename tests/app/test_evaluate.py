@@ -225,6 +225,12 @@ def test_cli_table_names_headline_metrics_and_output(run_dir: Path) -> None:
     for key in ("acc", "cov_count", "norm_cov", "kl_p_pi", "js_tok", "entropy"):
         assert key in result.stdout
     assert "metrics.json" in result.stdout
+    # the coverage in context: found of |Y*|, and the target's expectation at the same N,
+    # 75,445 (1 - (1 - 1/75,445)^8) = 7.9996 (rounded to 8 in the line)
+    metrics = read_metrics(run_dir)
+    line = " ".join(result.stdout.split())
+    assert f"found {metrics['cov_count']} of the 75,445 solutions in N = 8 samples" in line
+    assert "would find 8 in expectation (NormCov 1.000)" in line
 
 
 @pytest.mark.parametrize("case", ["missing-run-dir", "no-checkpoint", "zero-samples"])

@@ -51,6 +51,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         result = CliRunner().invoke(app, ["eval", str(run), "--exact"])
         assert result.exit_code == 0, result.output
         assert "acc = pi(Y*)" in result.output
+        # beside the policy's E distinct, what sampling p* itself would give at the same N
+        expected = 75_445 * (1 - (1 - 1 / 75_445) ** N)
+        assert f"E distinct, N={N}, sampling p*" in result.output
+        assert f"{expected:.2f}" in result.output
         yield run
 
 
@@ -66,6 +70,9 @@ def test_exact_json_matches_direct_computation(run: Path) -> None:
     assert sum(exact["mass_by_length"].values()) == pytest.approx(exact["acc"], rel=1e-9)
     assert set(exact["mass_by_length"]) == {"3", "5", "7", "9"}
     assert exact["kl_target_pi"] > 0
+    assert exact["target_expected_distinct"][str(N)] == pytest.approx(
+        75_445 * (1 - (1 - 1 / 75_445) ** N), rel=1e-9
+    )
     assert exact["eval"]["checkpoint"] == CHECKPOINT and exact["eval"]["step"] == 4
     assert exact["timings"]["total_s"] > 0
 

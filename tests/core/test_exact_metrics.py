@@ -39,6 +39,8 @@ def test_hand_computed_metrics() -> None:
     assert out["kl_target_pi"] == pytest.approx(kl)
     assert out["expected_distinct"] == pytest.approx({"1": 0.6, "2": 1.06})
     assert out["n_solutions"] == 3
+    # p* uniform over 3 solutions: E_2 = 3 (1 - (2/3)^2) = 5/3
+    assert out["target_expected_distinct"] == pytest.approx({"1": 1.0, "2": 5 / 3})
 
 
 def test_target_weights_and_unreachable_solutions() -> None:
@@ -48,6 +50,9 @@ def test_target_weights_and_unreachable_solutions() -> None:
     assert em.conditional_kl(target, LOG_PI) == pytest.approx(kl)
     assert em.conditional_kl(np.zeros(3), [math.log(0.5), math.log(0.5), -math.inf]) == math.inf
     assert em.expected_distinct([math.log(0.5), -math.inf], 3) == pytest.approx(0.875)
+    # the target's own E_N uses p* normalised: (1/2, 1/2, 0) at N = 2 gives 2 (1 - 1/4)
+    out = em.exact_metrics(LOG_PI, LOG_PI, [3, 5, 5], draws=[2], log_target=target + 7.0)
+    assert out["target_expected_distinct"] == pytest.approx({"2": 1.5})
 
 
 def test_extreme_probabilities_keep_precision() -> None:

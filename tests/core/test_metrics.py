@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raptb.core import metrics as m
@@ -160,6 +161,37 @@ def test_coverage_hand_computed() -> None:
     cover = m.coverage(samples, solutions, n_samples=4)
     assert cover == m.Coverage(unique=3, cov_count=2, cov=2 / 5, norm_cov=2 / 4)
     assert m.coverage(samples, solutions, n_samples=100).norm_cov == pytest.approx(2 / 5)
+
+
+def test_target_distinct_hand_computed() -> None:
+    # 2 draws from 4 solutions: E = 4 (1 - (3/4)^2) = 7/4
+    assert m.target_distinct(4, 2) == pytest.approx(7 / 4)
+    assert m.target_distinct(1, 5) == pytest.approx(1.0)
+    assert m.target_distinct(10, 1) == pytest.approx(1.0)
+    assert m.target_distinct(0, 7) == 0.0 and m.target_distinct(7, 0) == 0.0
+    # Expr24 at the evaluation's N: 75,445 (1 - (1 - 1/75,445)^6400)
+    assert m.target_distinct(75_445, 6400) == pytest.approx(6136.10, abs=0.01)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        m.target_distinct(-1, 3)
+
+
+@settings(deadline=None)
+@given(st.integers(min_value=1, max_value=60), st.integers(min_value=0, max_value=60))
+def test_target_distinct_matches_the_exact_expectation(n_solutions: int, n_draws: int) -> None:
+    # E[distinct] = sum over k of k P(k distinct), with P from the occupancy recursion in exact
+    # rationals: each draw finds a new solution with probability (M - k) / M
+    probs = {0: Fraction(1)}
+    for _ in range(n_draws):
+        step: dict[int, Fraction] = {}
+        for k, p in probs.items():
+            step[k] = step.get(k, Fraction(0)) + p * Fraction(k, n_solutions)
+            if k < n_solutions:
+                step[k + 1] = step.get(k + 1, Fraction(0)) + p * Fraction(
+                    n_solutions - k, n_solutions
+                )
+        probs = step
+    exact = sum(k * p for k, p in probs.items())
+    assert m.target_distinct(n_solutions, n_draws) == pytest.approx(float(exact), rel=1e-12)
 
 
 # ----------------------------------------------------------------------------- divergences
@@ -376,6 +408,10 @@ def test_expr24_metrics_hand_computed() -> None:
     assert result["cov"] == pytest.approx(3 / 5)
     assert result["norm_cov"] == pytest.approx(3 / 5)
     assert result["uniq_rate"] == pytest.approx(3 / 4)
+    # the target, uniform over the 5 solutions, at N = 6: 5 (1 - (4/5)^6) distinct correct
+    assert result["n_solutions"] == 5
+    assert result["target_unique"] == pytest.approx(5 * (1 - 0.8**6))
+    assert result["target_norm_cov"] == pytest.approx(1 - 0.8**6)
     assert result["log_pterm"] == pytest.approx(-16 / 6)
     assert result["log_pterm_by_length"] == {"2": -5.0, "3": -2.0, "5": -3.0}
     assert result["len_mean"] == pytest.approx(14 / 4)
