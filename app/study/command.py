@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from raptb.app.study.plan import PlannedRun, format_value, plan_study, select_runs
-from raptb.app.study.plots import plot_file, plot_metric
+from raptb.app.study.plots import curve_file, plot_curve, plot_file, plot_metric
 from raptb.app.study.report import (
     CSV_NAME,
     TABLE_NAME,
@@ -44,8 +44,8 @@ def plan_tasks(
         samples = spec.eval.samples or run.config.eval_sample_count
         seed = run.seed if spec.eval.seed is None else spec.eval.seed
         run_dir = runs_root / run.name
-        state = run_state(run.config, run_dir, samples, seed, resume=resume)
-        tasks.append(RunTask(run, run_dir, state, samples, seed))
+        state = run_state(run.config, run_dir, samples, seed, resume=resume, exact=spec.eval.exact)
+        tasks.append(RunTask(run, run_dir, state, samples, seed, exact=spec.eval.exact))
     return tasks
 
 
@@ -61,6 +61,9 @@ def write_report(
         for metric in spec.plot_metrics:
             plot_metric(spec, results, metric, out / plot_file(metric))
             plots.append((metric, plot_file(metric)))
+        for curve in spec.table.curves:
+            plot_curve(spec, results, curve, out / curve_file(curve), out / "runs")
+            plots.append((curve, curve_file(curve)))
     text = markdown_report(spec, results, missing, plots, command=command)
     (out / TABLE_NAME).write_text(text, encoding="utf-8")
     return len(results), len(missing)

@@ -9,7 +9,6 @@ Markdown reads like the paper's table it reproduces.
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 from collections.abc import Iterable, Sequence
@@ -19,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from raptb.app.study.plan import SEED_KEY, PlannedRun, format_value
-from raptb.app.study.spec import ROW_KEY, MetricSpec, StudySpec
-from raptb.app.study.state import METRICS, read_json
+from raptb.app.study.spec import ROW_KEY, CurveSpec, MetricSpec, StudySpec
+from raptb.app.study.state import EXACT, METRICS, read_json, read_jsonl
 from raptb.core.metrics import mean_ci
 
 CSV_NAME = "runs.csv"
 TABLE_NAME = "table.md"
 TRAIN_PREFIX = "train."
+EXACT_PREFIX = "exact."
 
 
 @dataclass(frozen=True)
@@ -46,24 +46,23 @@ def _number(value: Any) -> float | None:
 
 
 def _last_record(path: Path) -> dict[str, Any]:
-    """The last JSON line of a run's metrics.jsonl (the final training step), or {}."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return {}
-    for line in reversed(lines):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        return record if isinstance(record, dict) else {}
-    return {}
+    """The last JSON object of a run's metrics.jsonl (the final training step), or {}."""
+    records = read_jsonl(path)
+    return records[-1] if records else {}
 
 
-def metric_value(metrics: dict[str, Any], train: dict[str, Any], key: str) -> float | None:
-    """A table metric: dotted path into metrics.json, or ``train.<field>`` of the last step."""
+def metric_value(
+    metrics: dict[str, Any],
+    train: dict[str, Any],
+    key: str,
+    exact: dict[str, Any] | None = None,
+) -> float | None:
+    """A table metric: dotted path into metrics.json, ``train.<field>`` of the last step, or
+    ``exact.<path>`` into exact.json."""
     if key.startswith(TRAIN_PREFIX):
         return _number(train.get(key[len(TRAIN_PREFIX) :]))
+    if key.startswith(EXACT_PREFIX):
+        metrics, key = exact or {}, key[len(EXACT_PREFIX) :]
     value: Any = metrics
     for part in key.split("."):
         value = value.get(part) if isinstance(value, dict) else None
@@ -88,8 +87,11 @@ def collect_results(
             if any(k.startswith(TRAIN_PREFIX) for k in keys)
             else {}
         )
+        exact = (
+            read_json(run_dir / EXACT) if any(k.startswith(EXACT_PREFIX) for k in keys) else None
+        )
         for key in keys:
-            if (value := metric_value(metrics, train, key)) is not None:
+            if (value := metric_value(metrics, train, key, exact)) is not None:
                 values[key] = value
         record = read_json(run_dir / "study.json") or {}
         seconds = [_number(record.get("train_seconds")), _number(record.get("eval_seconds"))]
@@ -226,7 +228,7 @@ def markdown_report(
     spec: StudySpec,
     results: Sequence[RunResult],
     missing: Sequence[PlannedRun],
-    plots: Sequence[tuple[MetricSpec, str]],
+    plots: Sequence[tuple[MetricSpec | CurveSpec, str]],
     *,
     command: str,
 ) -> str:

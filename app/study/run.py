@@ -33,7 +33,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from raptb.app.config import save_config
 from raptb.app.run_lock import lock_holder
 from raptb.app.study.plan import PlannedRun
-from raptb.app.study.state import METRICS, PLANNED_CONFIG, RunState, latest_step, read_json
+from raptb.app.study.state import (
+    EXACT,
+    METRICS,
+    PLANNED_CONFIG,
+    RunState,
+    latest_step,
+    read_json,
+)
 
 RECORD = "study.json"
 PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
@@ -72,6 +79,8 @@ class RunTask:
     state: RunState
     samples: int
     eval_seed: int
+    exact: bool = False
+    """Also run ``raptb eval --exact`` after the sampled evaluation."""
 
 
 @dataclass(frozen=True)
@@ -188,10 +197,17 @@ class StudyRunner:
             if step != task.run.config.steps:
                 return Failure(task.run.name, f"training stopped at step {step}; see {log}")
         code, seconds = self._child(task, "eval", eval_args(task))
+        if code == 0 and task.exact and not self.stopping.is_set():
+            code, more = self._child(task, "eval", [*eval_args(task)[:2], "--exact", "--json"])
+            seconds += more
         _write_record(run_dir, eval_seconds=seconds)
         if self.stopping.is_set():
             return None
-        if code != 0 or read_json(run_dir / METRICS) is None:
+        if (
+            code != 0
+            or read_json(run_dir / METRICS) is None
+            or (task.exact and read_json(run_dir / EXACT) is None)
+        ):
             log = run_dir / "study-eval.log"
             return Failure(task.run.name, f"eval exited with {code}; see {log}")
         return None

@@ -25,6 +25,7 @@ product, seeds, evaluation options and the layout of its Markdown table::
     [eval]
     samples = 32                       # default: the config's eval_samples
     seed = 0                           # default: each run's training seed
+    exact = true                       # also raptb eval --exact (enumerable tasks): exact.*
 
     [table]
     rows = ["loss"]                    # keys (axis paths or "row") that label table rows
@@ -33,6 +34,7 @@ product, seeds, evaluation options and the layout of its Markdown table::
     labels = { loss = { tb = "TB" } }
     metrics = [{ key = "acc", name = "Acc", decimals = 3 }]
     plots = ["acc"]                    # default: every table metric
+    curves = [{ x = "unique_correct", y = "acc", window = 50 }]   # training curves
 
 This module only reads and checks the file's shape; ``plan`` checks every path and value
 against ``TrainConfig``.
@@ -66,12 +68,16 @@ class EvalSpec(_Section):
     """Samples N per run; None: the run config's ``eval_samples``."""
     seed: int | None = None
     """Seed of the evaluation draw; None: each run's training seed."""
+    exact: bool = False
+    """Also run ``raptb eval --exact`` (enumerable tasks: Expr24); its eval/exact.json values are
+    table metrics ``exact.<key>`` (``exact.acc``, ``exact.expected_distinct.6400``)."""
 
 
 class MetricSpec(_Section):
     key: str
-    """Dotted path into eval/metrics.json (``log_pterm_by_length.9``), or ``train.<field>`` for
-    the last record of the run's metrics.jsonl (``train.log_z``)."""
+    """Dotted path into eval/metrics.json (``log_pterm_by_length.9``), ``train.<field>`` for the
+    last record of the run's metrics.jsonl (``train.log_z``), or ``exact.<path>`` into
+    eval/exact.json (needs ``[eval] exact``)."""
     name: str | None = None
     """Column header; None: the key."""
     decimals: Annotated[int, Field(ge=0, le=12)] = 3
@@ -79,6 +85,22 @@ class MetricSpec(_Section):
     @property
     def label(self) -> str:
         return self.name or self.key
+
+
+class CurveSpec(_Section):
+    """A training-curve chart: ``y`` against ``x``, two fields of the runs' metrics.jsonl, one line
+    per run (e.g. the batch accuracy against the distinct correct samples found so far)."""
+
+    x: str = "step"
+    y: str
+    window: Annotated[int, Field(ge=1)] = 1
+    """Trailing moving average of ``y`` over this many records (1: raw)."""
+    name: str | None = None
+    """Chart title; None: "<y> against <x>"."""
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.y} against {self.x}"
 
 
 class TableSpec(_Section):
@@ -94,6 +116,8 @@ class TableSpec(_Section):
     metrics: list[MetricSpec] = [MetricSpec(key="acc", name="Acc")]
     plots: list[str] | None = None
     """Metric keys that get a chart; None: every table metric."""
+    curves: list[CurveSpec] = []
+    """Training-curve charts (from metrics.jsonl), after the metric charts."""
 
 
 class StudySpec(_Section):
@@ -134,6 +158,9 @@ class StudySpec(_Section):
         for key in self.table.plots or []:
             if key not in metric_keys:
                 raise ValueError(f"table.plots: '{key}' is not one of table.metrics")
+        for key in metric_keys:
+            if key.startswith("exact.") and not self.eval.exact:
+                raise ValueError(f"table.metrics: '{key}' needs exact = true in [eval]")
         return self
 
     @property

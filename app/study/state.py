@@ -1,6 +1,7 @@
 """What a study run's directory still needs, read from the files ``raptb train``/``eval`` leave.
 
     done      eval/metrics.json from the final checkpoint, with the study's N and eval seed
+              (and eval/exact.json from that checkpoint when the study asks for it)
     eval      trained to the final step; evaluate only
     resume    a checkpoint before the final step and ``--resume``: continue training
     restart   the same without ``--resume``: train from scratch (the directory is cleared)
@@ -26,6 +27,7 @@ from raptb.app.config import ConfigError, TrainConfig, build_config
 from raptb.app.run_lock import lock_holder
 
 METRICS = Path("eval") / "metrics.json"
+EXACT = Path("eval") / "exact.json"
 PLANNED_CONFIG = "study-config.toml"
 """The study's planned config, written into a run directory before its trainer starts."""
 
@@ -44,6 +46,24 @@ def read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, json.JSONDecodeError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file (a run's metrics.jsonl); a torn or foreign line is
+    skipped, a missing file gives []."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
 
 
 def latest_step(run_dir: Path) -> int | None:
@@ -91,7 +111,13 @@ def _get(data: dict[str, Any], path: str) -> Any:
 
 
 def run_state(
-    config: TrainConfig, run_dir: Path, samples: int, eval_seed: int, *, resume: bool
+    config: TrainConfig,
+    run_dir: Path,
+    samples: int,
+    eval_seed: int,
+    *,
+    resume: bool,
+    exact: bool = False,
 ) -> RunState:
     """What ``run_dir`` needs to hold the evaluated run of ``config``."""
     step = latest_step(run_dir)
@@ -115,10 +141,18 @@ def run_state(
         return RunState("resume" if resume else "restart", step)
     metrics = read_json(run_dir / METRICS)
     evaluated = metrics is not None and metrics.get("eval", {}).get("step") == config.steps
+    exact_metrics = read_json(run_dir / EXACT) if exact else None
     if (
         evaluated
         and metrics.get("n_samples") == samples
         and metrics.get("eval", {}).get("seed") == eval_seed
+        and (
+            not exact
+            or (
+                exact_metrics is not None
+                and exact_metrics.get("eval", {}).get("step") == config.steps
+            )
+        )
     ):
         return RunState("done", step)
     return RunState("eval", step)

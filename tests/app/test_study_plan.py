@@ -9,18 +9,24 @@ from __future__ import annotations
 import json
 import os
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from rich.console import Console
 from typer.testing import CliRunner
 
 from raptb.app.cli import app
 from raptb.app.config import TrainConfig, build_config, save_config
 from raptb.app.run_lock import run_lock
+from raptb.app.study.command import write_report
 from raptb.app.study.plan import plan_study, select_runs
-from raptb.app.study.run import RunTask, train_args
+from raptb.app.study.plots import curve_points, trailing_mean
+from raptb.app.study.run import RunTask, StudyRunner, eval_args, train_args
 from raptb.app.study.spec import StudyError, flatten, load_study
-from raptb.app.study.state import PLANNED_CONFIG, run_state
+from raptb.app.study.state import PLANNED_CONFIG, read_jsonl, run_state
 
 REPO = Path(__file__).resolve().parents[2]
 STUDIES = REPO / "studies"
@@ -236,3 +242,101 @@ def test_text_task_main_tables_plan_the_papers_rows(study, task, steps):
         assert config.steps == steps.get(row, 3000 if task == "amp" else 2500)
     # the task's preset (the paper's column) reaches every run
     assert {r.config.reward.kappa for r in runs} == {1.0}
+
+
+def test_exact_evaluation_is_part_of_done_when_the_study_asks_for_it(tmp_path):
+    config = build_config(None, {"loss": "tb", "replay.kind": "rp", "steps": 10})
+    fake_run_dir(tmp_path / "run", config, checkpoint=10)
+    (tmp_path / "run" / "eval").mkdir()
+    metrics = {"n_samples": 32, "eval": {"step": 10, "seed": 0}}
+    (tmp_path / "run" / "eval" / "metrics.json").write_text(json.dumps(metrics))
+    assert run_state(config, tmp_path / "run", 32, 0, resume=False).action == "done"
+    assert run_state(config, tmp_path / "run", 32, 0, resume=False, exact=True).action == "eval"
+    exact = tmp_path / "run" / "eval" / "exact.json"
+    exact.write_text(json.dumps({"acc": 0.5, "eval": {"step": 4}}))  # an older checkpoint's
+    assert run_state(config, tmp_path / "run", 32, 0, resume=False, exact=True).action == "eval"
+    exact.write_text(json.dumps({"acc": 0.5, "eval": {"step": 10}}))
+    assert run_state(config, tmp_path / "run", 32, 0, resume=False, exact=True).action == "done"
+
+
+def test_the_runner_runs_the_exact_evaluation_after_the_sampled_one(tmp_path):
+    config = build_config(None, {"loss": "tb", "replay.kind": "rp", "steps": 10})
+    fake_run_dir(tmp_path / "run", config, checkpoint=10)
+    calls: list[list[str]] = []
+
+    def child(task, phase, args):  # stands for the raptb children: records, writes their files
+        calls.append(args)
+        (task.run_dir / "eval").mkdir(exist_ok=True)
+        name = "exact.json" if "--exact" in args else "metrics.json"
+        (task.run_dir / "eval" / name).write_text("{}")
+        return 0, 1.0
+
+    runner = StudyRunner(1, Console(), progress=False)
+    runner._child = child  # type: ignore[method-assign]
+    state = run_state(config, tmp_path / "run", 32, 0, resume=False, exact=True)
+    task = RunTask(None, tmp_path / "run", state, 32, 0, exact=True)  # type: ignore[arg-type]
+    assert runner.execute_one(task) is None
+    assert calls == [eval_args(task), ["eval", str(tmp_path / "run"), "--exact", "--json"]]
+    calls.clear()
+    (tmp_path / "run" / "eval" / "exact.json").unlink()
+    assert runner.execute_one(replace(task, exact=False)) is None
+    assert calls == [eval_args(task)]
+
+
+def _finished_run(runs: Path, name: str, acc: float, distinct: float, records: list[dict]) -> None:
+    (runs / name / "eval").mkdir(parents=True)
+    metrics = {"acc": acc, "n_samples": 64, "eval": {"step": 3}}
+    (runs / name / "eval" / "metrics.json").write_text(json.dumps(metrics))
+    exact = {"acc": acc + 0.01, "expected_distinct": {"64": distinct}, "eval": {"step": 3}}
+    (runs / name / "eval" / "exact.json").write_text(json.dumps(exact))
+    lines = "".join(json.dumps(r) + "\n" for r in records) + "torn {\n"
+    (runs / name / "metrics.jsonl").write_text(lines)
+
+
+def test_report_reads_exact_metrics_and_draws_training_curves(tmp_path):
+    path = write(
+        tmp_path / "s.toml",
+        """
+[axes]
+loss = ["tb", "raptb"]
+[eval]
+exact = true
+[table]
+metrics = [
+    { key = "acc", name = "Acc" },
+    { key = "exact.acc", name = "exact Acc", decimals = 2 },
+    { key = "exact.expected_distinct.64", name = "E distinct", decimals = 1 },
+]
+plots = ["exact.acc"]
+curves = [{ x = "unique_correct", y = "acc", window = 2 }]
+""",
+    )
+    spec = load_study(path)
+    runs = plan_study(spec, str(path))
+    out = tmp_path / "out"
+    records = [{"step": s, "acc": a, "unique_correct": u} for s, a, u in [(1, 0.0, 0), (2, 1.0, 3)]]
+    _finished_run(out / "runs", "tb-s0", 0.9, 12.5, records)
+    _finished_run(out / "runs", "raptb-s0", 0.4, 40.25, records)
+    assert write_report(spec, runs, out, "raptb study s.toml") == (2, 0)
+    table = (out / "table.md").read_text()
+    assert "| exact Acc | E distinct |" in table
+    assert "| 0.91 | 12.5 |" in table and "| 0.41 | 40.2 |" in table
+    assert "![acc against unique_correct](curve_acc_unique_correct.png)" in table
+    assert (out / "curve_acc_unique_correct.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "exact_acc.png").is_file()
+    # the curve: y's trailing mean over 2 records against x, the torn line skipped
+    points = curve_points(
+        read_jsonl(out / "runs" / "tb-s0" / "metrics.jsonl"), spec.table.curves[0]
+    )
+    assert points[0].tolist() == [0.0, 3.0] and points[1].tolist() == [0.0, 0.5]
+    with pytest.raises(StudyError, match="needs exact = true"):
+        load_study(write(tmp_path / "t.toml", '[table]\nmetrics = [{ key = "exact.acc" }]\n'))
+
+
+@given(st.lists(st.floats(-1e3, 1e3), max_size=30), st.integers(1, 8))
+def test_trailing_mean_matches_a_direct_loop(values, window):
+    expected = [
+        sum(values[max(0, i + 1 - window) : i + 1]) / len(values[max(0, i + 1 - window) : i + 1])
+        for i in range(len(values))
+    ]
+    assert trailing_mean(values, window) == pytest.approx(expected, abs=1e-9)
