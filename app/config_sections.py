@@ -314,3 +314,22 @@ class LoraConfig(Section):
     )
     alpha: Positive = Field(16.0, description="LoRA alpha.")
     dropout: Annotated[float, Field(ge=0, lt=1)] = Field(0.1, description="LoRA dropout.")
+
+
+class TinyConfig(Section):
+    """Shape of the embedded model (``model = "tiny"`` only; adapters.models): a GPT-2 trained
+    from scratch with the character tokenizer."""
+
+    layers: Annotated[int, Field(ge=1)] = Field(2, description="Transformer blocks.")
+    width: Annotated[int, Field(ge=8)] = Field(64, description="Hidden size (a multiple of heads).")
+    heads: Annotated[int, Field(ge=1)] = Field(4, description="Attention heads.")
+
+    @model_validator(mode="after")
+    def _divisible(self) -> TinyConfig:
+        if self.width % self.heads:
+            raise ValueError(f"width ({self.width}) must be a multiple of heads ({self.heads})")
+        return self
+
+    def shape(self) -> dict[str, int]:
+        """Keyword arguments of ``adapters.models.build_tiny_model``."""
+        return {"n_layer": self.layers, "n_embd": self.width, "n_head": self.heads}

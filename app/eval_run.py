@@ -54,6 +54,7 @@ def checkpoint_policy(
                 adapter=model,
                 device=device,
                 decode=decode,
+                tiny=config.tiny,
             )
         return build_policy(str(model), task, config.seed, device=device, decode=decode)
     except ValueError as exc:

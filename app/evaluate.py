@@ -151,7 +151,9 @@ def evaluate(
     if spec.reference_pterm and dist.is_main:
         adapter = bool(config.lora.rank)
         reference = (
-            policy if adapter else build_policy(config.model, task, config.seed, device=dist.device)
+            policy
+            if adapter
+            else build_policy(config.model, task, config.seed, device=dist.device, tiny=config.tiny)
         )
         add_reference_pterm(rows, reference, adapter=adapter, batch_size=batch_size)
     return dist.on_main(

@@ -28,7 +28,7 @@ from raptb.adapters.policy import HFPolicy, default_grammar_threads
 from raptb.adapters.registry import task_spec
 from raptb.adapters.static_decode import DecodeMode
 from raptb.adapters.tokens import legal_token_ids, stop_token_id
-from raptb.app.config import LoraConfig, TrainConfig
+from raptb.app.config import LoraConfig, TinyConfig, TrainConfig
 from raptb.app.reward_calls import RewardCaller
 from raptb.core.ports import Score, Task
 
@@ -49,6 +49,7 @@ def build_policy(
     adapter: Path | None = None,
     device: torch.device | None = None,
     decode: DecodeMode = "auto",
+    tiny: TinyConfig | None = None,
 ) -> HFPolicy:
     """The task's constrained policy on ``model_name`` ('tiny', 'smollm2-135m', a local directory
     or an HF id), on the GPU when there is one (bf16 where supported).
@@ -58,13 +59,17 @@ def build_policy(
     device: where the model lives (a launched process's own GPU); default the GPU when there is
         one, else the CPU.
     decode: the rollout's decoding path (``sampling.decode``; ``HFPolicy``).
+    tiny: the embedded model's shape when ``model_name`` is 'tiny' (default: ``TinyConfig()``).
     """
     torch.manual_seed(seed)
     if device is None:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = preferred_dtype(device)
     model, tokenizer = load_model_and_tokenizer(
-        model_name, seed=seed, dtype=None if dtype == torch.float32 else dtype
+        model_name,
+        seed=seed,
+        dtype=None if dtype == torch.float32 else dtype,
+        tiny_shape=(tiny or TinyConfig()).shape(),
     )
     model = model.to(device)
     if lora is not None and lora.rank:

@@ -156,6 +156,7 @@ class Trainer:
             lora=config.lora,
             device=self.dist.device,
             decode=config.sampling.decode,
+            tiny=config.tiny,
         )
         self.rewards = RewardCaller(
             self.task,

@@ -296,3 +296,17 @@ def test_gradient_checkpointing_trains_as_without_it(tmp_path, lora):
         assert a.keys() == b.keys()
         for key, value in a.items():
             assert b[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
+def test_the_tiny_section_shapes_the_embedded_model_and_evaluation_reads_it(tmp_path):
+    config = small_config(steps=1, **{"tiny.layers": 3, "tiny.width": 48, "tiny.heads": 6})
+    trainer = Trainer(config, tmp_path, progress=False)
+    shape = trainer.policy.model.config
+    assert (shape.n_layer, shape.n_embd, shape.n_head) == (3, 48, 6)
+    trainer.train()
+    saved = json.loads((list_checkpoints(tmp_path)[-1] / "model" / "config.json").read_text())
+    assert (saved["n_layer"], saved["n_embd"], saved["n_head"]) == (3, 48, 6)
+    result = CliRunner().invoke(app, ["eval", str(tmp_path), "--samples", "4", "--json"])
+    assert result.exit_code == 0, result.output
+    with pytest.raises(ConfigError, match=r"tiny: .*width \(50\) must be a multiple of heads \(4\)"):
+        small_config(**{"tiny.width": 50})
