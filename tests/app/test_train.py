@@ -308,5 +308,25 @@ def test_the_tiny_section_shapes_the_embedded_model_and_evaluation_reads_it(tmp_
     assert (saved["n_layer"], saved["n_embd"], saved["n_head"]) == (3, 48, 6)
     result = CliRunner().invoke(app, ["eval", str(tmp_path), "--samples", "4", "--json"])
     assert result.exit_code == 0, result.output
-    with pytest.raises(ConfigError, match=r"tiny: .*width \(50\) must be a multiple of heads \(4\)"):
+    with pytest.raises(
+        ConfigError, match=r"tiny: .*width \(50\) must be a multiple of heads \(4\)"
+    ):
         small_config(**{"tiny.width": 50})
+
+
+def test_log_z_lr_0_holds_log_z_at_its_initial_value(tmp_path):
+    held = Trainer(
+        small_config(steps=2, **{"optim.log_z_lr": 0.0, "optim.log_z_init": 0.25}),
+        tmp_path / "held",
+        progress=False,
+    )
+    held.train()
+    assert held.log_z.item() == 0.25
+    assert [r["log_z"] for r in records(tmp_path / "held")] == [0.25, 0.25]
+    trained = Trainer(
+        small_config(steps=2, **{"optim.log_z_init": 0.25}), tmp_path / "trained", progress=False
+    )
+    trained.train()
+    assert trained.log_z.item() != 0.25
+    with pytest.raises(ConfigError, match=r"optim\.log_z_lr"):
+        small_config(**{"optim.log_z_lr": -0.1})
