@@ -1,6 +1,7 @@
-"""The run an evaluation reads: its configuration, its latest usable checkpoint, that
-checkpoint's policy. Shared by the sampled evaluation (app.evaluate) and the exact one
-(app.exact_eval); every failure is a one-line ``EvalError``."""
+"""The run an evaluation reads and the folder it writes: its configuration, its latest usable
+checkpoint, that checkpoint's policy, ``eval/`` and its metrics file. Shared by the sampled
+evaluation (app.evaluate) and the exact one (app.exact_eval); every failure is a one-line
+``EvalError``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,15 @@ from raptb.app.checkpoint import MODEL_DIR, CheckpointError, newest_usable
 from raptb.app.config import TrainConfig, load_config
 from raptb.app.runtime import build_policy
 from raptb.core.ports import Task
+
+EVAL_DIR = "eval"
+METRICS_FILE = "metrics.json"
+"""The sampled evaluation's metrics, in :func:`eval_dir`."""
+
+
+def eval_dir(run_dir: Path) -> Path:
+    """Folder the evaluation of ``run_dir`` writes to."""
+    return Path(run_dir) / EVAL_DIR
 
 
 class EvalError(ValueError):

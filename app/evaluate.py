@@ -49,8 +49,15 @@ from raptb.app.checkpoint import checkpoint_step
 from raptb.app.config import ConfigError, TrainConfig, load_config
 from raptb.app.distributed import DistContext, dist_rank, leave_process_group
 from raptb.app.durable import write_atomically
-from raptb.app.eval_run import EvalError, checkpoint_policy, load_run
+from raptb.app.eval_run import (
+    METRICS_FILE,
+    EvalError,
+    checkpoint_policy,
+    eval_dir,
+    load_run,
+)
 from raptb.app.eval_sampling import add_reference_pterm, sample_rows
+from raptb.app.exact_eval import exact_command
 from raptb.app.plots import (
     plot_length_histogram,
     plot_metric_by_length,
@@ -63,15 +70,8 @@ from raptb.app.runtime import PrefixScorer, build_policy, build_task
 from raptb.app.trackers import Trackers
 from raptb.core.ports import Task
 
-EVAL_DIR = "eval"
 SAMPLES_FILE = "samples.jsonl"
-METRICS_FILE = "metrics.json"
 DEFAULT_BATCH_SIZE = 256
-
-
-def eval_dir(run_dir: Path) -> Path:
-    """Folder the evaluation of ``run_dir`` writes to."""
-    return Path(run_dir) / EVAL_DIR
 
 
 def _write_plots(
@@ -271,9 +271,6 @@ def eval_command(
     Outputs go to RUN_DIR/eval/: samples.jsonl, metrics.json and PNG plots.
     """
     if exact:
-        # imported here: exact_eval imports this module's output names
-        from raptb.app.exact_eval import exact_command
-
         return exact_command(run_dir, json_output=json_output)
     try:
         metrics = evaluate(run_dir, samples=samples, seed=seed, batch_size=batch_size)

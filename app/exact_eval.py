@@ -31,8 +31,7 @@ from raptb.adapters.registry import TaskSpec, task_spec
 from raptb.app.checkpoint import checkpoint_step
 from raptb.app.config import ConfigError
 from raptb.app.durable import write_atomically
-from raptb.app.eval_run import EvalError, checkpoint_policy, load_run
-from raptb.app.evaluate import METRICS_FILE, eval_dir
+from raptb.app.eval_run import METRICS_FILE, EvalError, checkpoint_policy, eval_dir, load_run
 from raptb.app.runtime import build_task
 from raptb.core.exact_metrics import compare_with_sampled, exact_metrics
 from raptb.core.ports import Task

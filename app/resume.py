@@ -19,7 +19,7 @@ from typing import Any
 
 from raptb.app.checkpoint import checkpoint_dir
 from raptb.app.config import TrainConfig, build_config
-from raptb.app.evaluate import eval_dir
+from raptb.app.eval_run import eval_dir
 from raptb.app.run_log import log_path
 from raptb.app.trackers import tracker_dirs
 

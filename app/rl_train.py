@@ -138,10 +138,10 @@ class RLTrainer(Trainer):
         params = list(self.value_head.parameters())
         return [{"params": params, "lr": self.cfg.optim.lr, "weight_decay": 0.0}]
 
-    def _extra_state(self) -> dict[str, Any]:
+    def extra_state(self) -> dict[str, Any]:
         return {} if self.value_head is None else {"value_head": self.value_head.state_dict()}
 
-    def _load_extra_state(self, saved: dict[str, Any]) -> None:
+    def load_extra_state(self, saved: dict[str, Any]) -> None:
         if self.value_head is not None:
             self.value_head.load_state_dict(saved["value_head"])
 

@@ -219,7 +219,7 @@ class Trainer:
             load_trainer_state(self, checkpoint)
 
     # --- construction --------------------------------------------------------------------------
-    # _build_objective, _uses_reference, _extra_param_groups, _extra_state, _load_extra_state: what
+    # _build_objective, _uses_reference, _extra_param_groups, extra_state, load_extra_state: what
     # a trainer of
     # another objective family (app.rl_train) replaces
 
@@ -233,11 +233,11 @@ class Trainer:
     def _extra_param_groups(self) -> list[dict[str, Any]]:
         return []
 
-    def _extra_state(self) -> dict[str, Any]:
+    def extra_state(self) -> dict[str, Any]:
         return {}
 
-    def _load_extra_state(self, saved: dict[str, Any]) -> None:
-        """Restore what ``_extra_state`` saved into ``trainer.pt``."""
+    def load_extra_state(self, saved: dict[str, Any]) -> None:
+        """Restore what ``extra_state`` saved into ``trainer.pt``."""
 
     # --- one optimizer step --------------------------------------------------------------------
 

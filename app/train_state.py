@@ -15,21 +15,55 @@ Only rank 0 writes; the other ranks wait for it and return the same folder. A sh
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
 
 from raptb.adapters.lora import is_peft_model, load_adapter_weights
+from raptb.adapters.policy import HFPolicy
 from raptb.app.checkpoint import read_state, save_atomically, write_state
-from raptb.app.distributed import rank_rng_state, restore_rank_rng
+from raptb.app.config import TrainConfig
+from raptb.app.distributed import DistContext, rank_rng_state, restore_rank_rng
 from raptb.app.sharding import full_model_state, full_optimizer_state, load_optimizer_state
-
-if TYPE_CHECKING:
-    from raptb.app.train import Trainer
+from raptb.core.replay import ReplayBuffer
 
 
-def save_trainer_state(trainer: Trainer) -> Path:
+class Checkpointed(Protocol):
+    """What a checkpoint saves and restores of a trainer (app.train.Trainer and its RL
+    subclass): its run, weights, optimizer, logZ, counters, RNG streams and replay buffer, plus
+    the state an objective family adds (``extra_state`` / ``load_extra_state``)."""
+
+    cfg: TrainConfig
+    run_dir: Path
+    dist: DistContext
+    policy: HFPolicy
+    optimizer: torch.optim.Optimizer
+    log_z: torch.nn.Parameter
+    generator: torch.Generator
+    rng: np.random.Generator
+    buffer: ReplayBuffer | None
+    oracle: ReplayBuffer | None
+    step: int
+    nonfinite_in_row: int
+    nonfinite_total: int
+    correct_seen: set[str]
+
+    def warn(self, line: str) -> None:
+        """Print a warning line (rank 0)."""
+        ...
+
+    def extra_state(self) -> dict[str, Any]:
+        """Entries the family adds to ``trainer.pt``."""
+        ...
+
+    def load_extra_state(self, saved: dict[str, Any]) -> None:
+        """Restore what ``extra_state`` saved (``saved`` is the whole ``trainer.pt``)."""
+        ...
+
+
+def save_trainer_state(trainer: Checkpointed) -> Path:
     """Checkpoint ``trainer`` at its current step (rank 0 writes); the folder, on every rank."""
     ranks_rng = trainer.dist.all_gather_object(rank_rng_state(trainer.generator))
     sharded = trainer.dist.sharding is not None
@@ -47,7 +81,7 @@ def save_trainer_state(trainer: Trainer) -> Path:
                 "optimizer": trainer.optimizer.state_dict() if optimizer is None else optimizer,
                 "log_z": trainer.log_z.detach().clone(),
                 "ranks_rng": ranks_rng,
-                **trainer._extra_state(),
+                **trainer.extra_state(),
             },
             folder / "trainer.pt",
         )
@@ -79,7 +113,7 @@ def load_model_weights(model: torch.nn.Module, folder: Path) -> None:
         model.load_state_dict(trained.state_dict())
 
 
-def load_trainer_state(trainer: Trainer, folder: Path) -> None:
+def load_trainer_state(trainer: Checkpointed, folder: Path) -> None:
     """Restore the rest of ``trainer`` from checkpoint ``folder``, after
     :func:`load_model_weights` (on every rank: each takes its own RNG streams and, with a sharded
     policy, its shards of the optimizer states; another world size than the writer's continues
@@ -91,7 +125,7 @@ def load_trainer_state(trainer: Trainer, folder: Path) -> None:
         trainer.optimizer.load_state_dict(saved["optimizer"])
     else:
         load_optimizer_state(trainer.optimizer, saved["optimizer"])
-    trainer._load_extra_state(saved)
+    trainer.load_extra_state(saved)
     state = read_state(folder)
     trainer.step = int(state["step"])
     restore_rank_rng(
