@@ -6,7 +6,9 @@ section and presets, the SubM preset, the success predicate, evaluation metrics 
 ``raptb enumerate``). Adding a task is one module that defines a ``TaskSpec`` and registers it.
 
 The built-in tasks are imported lazily, on the first lookup, because their modules import this
-one to register themselves (and some of them import heavy libraries such as RDKit).
+one to register themselves (and some of them import heavy libraries such as RDKit); the tasks of
+installed packages (the ``raptb.tasks`` entry points, adapters.plugins) are registered after
+them, in the same first lookup.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import EntryPoint
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from raptb.adapters.plugins import TASK_GROUP, load_group
 from raptb.core.ports import Score, Task
 
 # Modules that register the shipped tasks, in the order ``--task`` lists them.
@@ -128,6 +132,16 @@ def _load_builtins() -> None:
         _builtins_loaded = True
         for module in BUILTIN_TASK_MODULES:
             importlib.import_module(module)
+        load_group(TASK_GROUP, _register_plugin_task)
+
+
+def _register_plugin_task(point: EntryPoint, spec: Any) -> None:
+    """Register the TaskSpec an entry point of ``raptb.tasks`` names (adapters.plugins)."""
+    if not isinstance(spec, TaskSpec):
+        raise ValueError(f"must name a TaskSpec, found {type(spec).__name__}")
+    if spec.name != point.name:
+        raise ValueError(f"the spec's name {spec.name!r} differs from the entry point's")
+    register_task(spec)
 
 
 def task_names() -> tuple[str, ...]:

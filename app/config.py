@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import tomli_w
 from pydantic import (
@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from raptb.adapters.plugins import objective_names
 from raptb.adapters.registry import TaskOptions, task_names, task_spec
 from raptb.app.config_rl import (
     CISPO_EPSILON_HIGH,
@@ -55,10 +56,13 @@ from raptb.core.objectives import objective_hyperparameters
 from raptb.core.rl_objectives import rl_objective_hyperparameters
 from raptb.core.schedules import LinearSchedule
 
-LossName = Literal[
-    "tb", "subtb", "raptb", "avg_prefix_tb", "root_subtb_logz", "vargrad", "grpo", "ppo"
-]
 DEFAULT_TASK = "expr24"
+
+
+def loss_names() -> tuple[str, ...]:
+    """Every valid ``loss``: the GFlowNet objectives (built-in, then the plug-ins' of the
+    ``raptb.objectives`` entry points), then the RL baselines."""
+    return (*objective_names(), *RL_LOSSES)
 
 
 class TrainConfig(Section):
@@ -69,10 +73,10 @@ class TrainConfig(Section):
     task: str = Field(
         DEFAULT_TASK, description="Task: a name in the task registry (adapters.registry)."
     )
-    loss: LossName = Field(
+    loss: str = Field(
         "raptb",
-        description="Objective: tb, subtb, raptb, avg_prefix_tb, root_subtb_logz, vargrad; or "
-        "the RL baselines grpo, ppo ([rl] section).",
+        description="Objective: tb, subtb, raptb, avg_prefix_tb, root_subtb_logz, vargrad (or "
+        "a plug-in's, adapters.plugins); or the RL baselines grpo, ppo ([rl] section).",
     )
     model: str = Field(
         "tiny",
@@ -122,6 +126,14 @@ class TrainConfig(Section):
     def _registered(cls, task: str) -> str:
         task_spec(task)  # a ValueError names the registered tasks
         return task
+
+    @field_validator("loss")
+    @classmethod
+    def _known_loss(cls, loss: str) -> str:
+        names = loss_names()
+        if loss not in names:
+            raise ValueError(f"unknown loss {loss!r}; valid choices: {', '.join(names)}")
+        return loss
 
     @field_validator("report_to")
     @classmethod

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.markup import escape
 
+from raptb.adapters.plugins import PluginError
 from raptb.app.checkpoint import CheckpointError
 from raptb.app.config import ConfigError
 from raptb.app.distributed import PeerFailure
@@ -35,6 +36,7 @@ USER_FAULTS = (
     CheckpointError,
     ConfigError,
     PeerFailure,
+    PluginError,
     RewardFailure,
     RunLocked,
     RunMismatch,

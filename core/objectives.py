@@ -348,6 +348,22 @@ OBJECTIVES: dict[str, type[Objective]] = {
 }
 
 
+def register_objective(cls: type[Objective]) -> type[Objective]:
+    """Add objective ``cls`` (an :class:`Objective` dataclass with a class-level ``name``) to
+    :data:`OBJECTIVES`, so that ``objective_by_name`` and ``loss = "<name>"`` reach it; usable as
+    a class decorator. Its hyperparameters are its dataclass fields: a run passes it the
+    ``[objective]`` values of the fields it shares with that section, the rest keep their
+    defaults. A name may be registered once (ValueError otherwise)."""
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"an objective needs a class attribute name (an identifier), got {name!r}")
+    known = OBJECTIVES.get(name)
+    if known is not None and known is not cls:
+        raise ValueError(f"objective {name!r} is already registered")
+    OBJECTIVES[name] = cls
+    return cls
+
+
 def objective_hyperparameters(name: str) -> tuple[str, ...]:
     """Names of the hyperparameters objective ``name`` accepts."""
     return hyperparameter_names(OBJECTIVES, "objective", name)

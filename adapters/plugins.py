@@ -1,0 +1,86 @@
+"""Tasks and objectives from installed packages: the entry-point groups ``raptb.tasks`` and
+``raptb.objectives``.
+
+A package adds a task or a GFlowNet objective to ``raptb train``, ``raptb eval`` and ``raptb
+study`` (whose runs are child processes: each reads the entry points again) by declaring, in its
+``pyproject.toml``::
+
+    [project.entry-points."raptb.tasks"]
+    vowels = "mypkg.vowels:SPEC"          # an adapters.registry.TaskSpec
+
+    [project.entry-points."raptb.objectives"]
+    scaled_tb = "mypkg.losses:ScaledTB"   # a core.objectives.Objective subclass
+
+The entry point's name must equal the task's (the spec's ``name``) or objective's (the class's
+``name``) so that a run's configuration names what was loaded. Entry points are read once per
+process, on the first registry lookup (``adapters.registry.task_names``/``task_spec``, and
+:func:`objective_names`, which configuration validation calls). One that cannot be imported, is
+of the wrong type, or clashes with a name already registered raises :class:`PluginError`, a
+one-line message naming the entry point (``raptb`` exits with 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+from raptb.core.objectives import OBJECTIVES, Objective, register_objective
+from raptb.core.rl_objectives import RL_OBJECTIVES
+
+TASK_GROUP = "raptb.tasks"
+OBJECTIVE_GROUP = "raptb.objectives"
+
+
+class PluginError(ValueError):
+    """An entry point of a raptb group cannot be used; the message is one line naming it."""
+
+
+def _describe(group: str, point: EntryPoint) -> str:
+    return f"plug-in {point.name!r} of {group} ({point.value})"
+
+
+def load_group(group: str, check: Callable[[EntryPoint, Any], None]) -> None:
+    """Load every entry point of ``group`` and hand it to ``check`` (which registers it or raises
+    ValueError); any failure is a one-line :class:`PluginError` naming the entry point."""
+    for point in entry_points(group=group):
+        try:
+            loaded = point.load()
+        except Exception as exc:  # a plug-in's import may fail in any way
+            raise PluginError(
+                f"{_describe(group, point)} cannot be loaded: {type(exc).__name__}: {exc}"
+            ) from None
+        try:
+            check(point, loaded)
+        except ValueError as exc:
+            raise PluginError(f"{_describe(group, point)}: {exc}") from None
+
+
+def _register_objective(point: EntryPoint, cls: Any) -> None:
+    if not (isinstance(cls, type) and issubclass(cls, Objective)):
+        raise ValueError("must name a subclass of raptb.core.objectives.Objective")
+    if getattr(cls, "name", None) != point.name:
+        raise ValueError(
+            f"the class's name {getattr(cls, 'name', None)!r} differs from the entry point's"
+        )
+    if point.name in RL_OBJECTIVES:
+        raise ValueError(f"{point.name!r} is an RL baseline's name")
+    register_objective(cls)
+
+
+_objectives_loaded = False
+
+
+def load_objective_plugins() -> None:
+    """Register the objectives of the ``raptb.objectives`` entry points (once per process; the
+    tasks' group is read by adapters.registry)."""
+    global _objectives_loaded
+    if not _objectives_loaded:
+        _objectives_loaded = True
+        load_group(OBJECTIVE_GROUP, _register_objective)
+
+
+def objective_names() -> tuple[str, ...]:
+    """Every GFlowNet objective's name: the built-in ones, then the plug-ins'."""
+    load_objective_plugins()
+    return tuple(OBJECTIVES)

@@ -1,0 +1,162 @@
+"""Plug-ins from outside the tree: a throwaway package declares a task and an objective through
+the ``raptb.tasks`` and ``raptb.objectives`` entry points, and ``raptb train``, ``raptb eval``
+and ``raptb study`` use them with no file of raptb changed.
+
+The package is a module plus a ``.dist-info`` folder (METADATA and entry_points.txt) in a
+temporary directory put on PYTHONPATH, which is how importlib.metadata finds any installed
+distribution; every command runs in its own process, as a user's would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = '''
+from dataclasses import dataclass
+from typing import ClassVar
+
+from raptb.adapters.registry import TaskSpec
+from raptb.core.metrics import sequence_metrics
+from raptb.core.objectives import TB
+from raptb.core.ports import Score
+
+
+@dataclass(frozen=True)
+class HalfTB(TB):
+    """TB at half the loss: a plug-in whose use shows in the logged loss."""
+
+    name: ClassVar[str] = "half_tb"
+
+    def __call__(self, batch, log_z, step=0):
+        loss, diagnostics = super().__call__(batch, log_z, step)
+        return loss / 2, diagnostics
+
+
+@dataclass
+class AsTask:
+    name: str = "as_task"
+    alphabet: str = "ab"
+    grammar: None = None
+    min_length: int = 1
+    max_length: int = 3
+
+    def prompts(self):
+        return ["as:"]
+
+    def score(self, prompt, text):
+        return Score(text.count("a") / len(text), True) if text else Score(0.0, False)
+
+
+def _metrics(task, rows):
+    return {**sequence_metrics(rows, max_depth=task.max_length), "from_plugin": 1.0}
+
+
+SPEC = TaskSpec(
+    name="as_task",
+    build=lambda options: AsTask(),
+    metrics=_metrics,
+    headline=("acc", "from_plugin"),
+    subm={"similarity": "jaccard", "shingle_k": 1, "shingle_on": "text"},
+    eval_samples=8,
+)
+'''
+ENTRY_POINTS = """[raptb.objectives]
+half_tb = raptb_plugin_demo:HalfTB
+
+[raptb.tasks]
+as_task = raptb_plugin_demo:SPEC
+"""
+STUDY = """
+seeds = [0]
+[base]
+task = "as_task"
+steps = 2
+optim = { batch_size = 4, grad_accum = 1 }
+"replay.kind" = "rp"
+[axes]
+loss = ["half_tb"]
+[eval]
+samples = 8
+[table]
+metrics = [{ key = "from_plugin", name = "from the plug-in" }]
+"""
+FAST = ["--steps", "2", "--batch-size", "4", "--grad-accum", "1", "--threads", "1"]
+
+
+def install(site: Path, entry_points: str, module: str = PACKAGE) -> None:
+    """The throwaway distribution: its module and its metadata, as an installer leaves them."""
+    (site / "raptb_plugin_demo.py").write_text(module)
+    info = site / "raptb_plugin_demo-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: raptb-plugin-demo\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(entry_points)
+
+
+def raptb(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(site), *sys.path]))
+    return subprocess.run(
+        [sys.executable, "-m", "raptb", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def losses(run: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_a_package_adds_a_task_and_an_objective_to_train_eval_and_study(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    install(site, ENTRY_POINTS)
+    common = ["--task", "as_task", "--replay", "rp", *FAST, "--no-progress"]
+    for loss in ("half_tb", "tb"):
+        done = raptb(site, tmp_path, "train", "--loss", loss, *common, "--out", loss)
+        assert done.returncode == 0, done.stderr
+    # the plug-in's objective ran: the first step (same weights, same rows) logs half TB's loss
+    assert losses(tmp_path / "half_tb")[0] == pytest.approx(losses(tmp_path / "tb")[0] / 2)
+    assert 'loss = "half_tb"' in (tmp_path / "half_tb" / "config.toml").read_text()
+
+    done = raptb(site, tmp_path, "eval", "half_tb", "--json")
+    assert done.returncode == 0, done.stderr
+    metrics = json.loads(done.stdout)
+    assert metrics["from_plugin"] == 1.0 and metrics["n_samples"] == 8  # the task's own metrics
+
+    (tmp_path / "s.toml").write_text(STUDY)
+    done = raptb(site, tmp_path, "study", "s.toml", "--out", "study", "--no-progress")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "| 1.000 |" in (tmp_path / "study" / "table.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("entry_points", "message"),
+    [
+        ("[raptb.tasks]\nas_task = no_such_module:SPEC\n", "cannot be loaded: ModuleNotFoundError"),
+        ("[raptb.tasks]\nas_task = raptb_plugin_demo:HalfTB\n", "must name a TaskSpec"),
+        ("[raptb.tasks]\nother = raptb_plugin_demo:SPEC\n", "differs from the entry point's"),
+        ("[raptb.objectives]\nhalf_tb = raptb_plugin_demo:SPEC\n", "must name a subclass"),
+        ("[raptb.objectives]\ngrpo = raptb_plugin_demo:HalfTB\n", "differs from the entry"),
+    ],
+)
+def test_a_broken_plug_in_is_one_line_naming_it_and_exit_2(tmp_path, entry_points, message):
+    site = tmp_path / "site"
+    site.mkdir()
+    install(site, entry_points)
+    # a given loss is validated, which reads the objectives' group; the tasks' is read first
+    done = raptb(site, tmp_path, "train", "--loss", "tb", *FAST, "--out", "run")
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert "plug-in " in lines[0], lines[0]
+    assert message in lines[0], lines[0]
+    assert not (tmp_path / "run").exists()
