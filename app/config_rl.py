@@ -13,10 +13,11 @@ from pydantic import Field
 from raptb.app.config_sections import Section, core_default
 from raptb.core.grpo import GRPO
 from raptb.core.ppo import PPO
+from raptb.core.rl_objectives import RL_OBJECTIVES
 
-RL_LOSSES = ("grpo", "ppo")
-"""The reward-maximising baselines (app.rl_train): no logZ, no replay, rollouts at
-``rl.temperature``."""
+RL_LOSSES = tuple(RL_OBJECTIVES)
+"""The reward-maximising baselines (app.rl_train), core.rl_objectives' registry: no logZ, no
+replay, rollouts at ``rl.temperature``."""
 RL_PRESET: dict[str, Any] = {"replay": {"kind": "none"}}
 """What an RL loss sets under the file and the flags (an explicit replay other than none is an
 error)."""

@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from raptb.adapters.static_decode import DecodeMode
 from raptb.core.objectives import RapTB
+from raptb.core.replay import BUFFERS, buffer_class
 
-ReplayName = Literal["none", "rp", "prt", "subm", "oracle"]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -164,9 +164,10 @@ class ReplayConfig(Section):
     """Replay buffer (core.replay). The SubM fields left None take the task's preset (its spec's
     SubM column of the paper), filled in when the configuration is built."""
 
-    kind: ReplayName = Field(
+    kind: str = Field(
         "subm",
-        description="Replay: none, rp, prt, subm, oracle (enumerable tasks only).",
+        description="Replay: none, rp, prt, subm, oracle (enumerable tasks only); the kinds of "
+        "core.replay's registry.",
     )
     capacity: Annotated[int, Field(ge=1)] = Field(200, description="Items kept per prompt.")
     p_replay: ProbabilityPair = Field(
@@ -237,26 +238,17 @@ class ReplayConfig(Section):
     )
 
     def buffer_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``make_buffer(self.kind, ...)`` (rp, prt, subm)."""
-        if self.kind in ("rp", "prt"):
-            kwargs: dict[str, Any] = {"capacity": self.capacity, "tolerance": self.rp_tolerance}
-            if self.kind == "prt":
-                kwargs.update(alpha=self.prt_alpha, beta=self.prt_beta)
-            return kwargs
-        if self.kind != "subm":
-            raise ValueError(f"replay {self.kind!r} is not built from keyword arguments")
-        kwargs = {
-            "capacity": self.capacity,
-            "method": self.subm_method,
-            "diversity": self.subm_diversity,
-            "length_alpha_power": self.bin_weight_power,
-        }
-        if self.subm_weights is not None:
-            kwargs.update(zip(("w_rew", "w_val", "w_div", "w_len"), self.subm_weights, strict=True))
-        for name in ("gating_ratio", "length_bin_size", "similarity", "shingle_k", "shingle_on"):
-            if getattr(self, name) is not None:
-                kwargs[name] = getattr(self, name)
-        return kwargs
+        """Keyword arguments of ``make_buffer(self.kind, ...)``: the options its kind reads
+        (``config_kwargs`` of its class in core.replay)."""
+        return buffer_class(self.kind).config_kwargs(self.model_dump())
+
+    @field_validator("kind")
+    @classmethod
+    def _registered_kind(cls, kind: str) -> str:
+        if kind != "none" and kind not in BUFFERS:
+            choices = ", ".join(("none", *BUFFERS))
+            raise ValueError(f"unknown replay kind {kind!r}; valid choices: {choices}")
+        return kind
 
 
 def subm_preset(subm: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,13 @@ Modules, one concept each:
 """
 
 from raptb.core.replay.base import ReplayBuffer
-from raptb.core.replay.factory import BUFFER_KINDS, make_buffer
+from raptb.core.replay.factory import (
+    BUFFER_KINDS,
+    BUFFERS,
+    buffer_class,
+    make_buffer,
+    register_buffer,
+)
 from raptb.core.replay.item import ReplayItem
 from raptb.core.replay.oracle import OracleBuffer
 from raptb.core.replay.prt import PrioritizedReplayTraining
@@ -24,6 +30,7 @@ from raptb.core.replay.rp import RewardPrioritizedBuffer
 from raptb.core.replay.subm import SubmodularBuffer
 
 __all__ = [
+    "BUFFERS",
     "BUFFER_KINDS",
     "OracleBuffer",
     "PrioritizedReplayTraining",
@@ -31,5 +38,7 @@ __all__ = [
     "ReplayItem",
     "RewardPrioritizedBuffer",
     "SubmodularBuffer",
+    "buffer_class",
     "make_buffer",
+    "register_buffer",
 ]

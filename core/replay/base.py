@@ -9,7 +9,7 @@ JSON-able values only, so a checkpoint restores sampling exactly).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -21,6 +21,13 @@ class ReplayBuffer(ABC):
     """Shared interface and per-prompt bookkeeping of all buffers."""
 
     kind: ClassVar[str]
+
+    @classmethod
+    def config_kwargs(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """This buffer's keyword arguments from a run's ``[replay]`` values (``options``, by
+        field name); each kind declares which options it reads. ValueError for a kind that is not
+        built from them (Oracle: its items come from the task)."""
+        raise ValueError(f"replay {cls.kind!r} is not built from keyword arguments")
 
     def __init__(self) -> None:
         self._stores: dict[str, list[ReplayItem]] = {}

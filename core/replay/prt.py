@@ -8,6 +8,7 @@ probability frac(alpha n), so its mean is alpha n.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,12 @@ class PrioritizedReplayTraining(RewardPrioritizedBuffer):
     """PRT: RP storage with two-tier sampling (alpha from the top ceil(beta |B|), rest below)."""
 
     kind = "prt"
+
+    @classmethod
+    def config_kwargs(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """RP's, plus ``prt_alpha`` and ``prt_beta`` of ``[replay]``."""
+        kwargs = super().config_kwargs(options)
+        return {**kwargs, "alpha": options["prt_alpha"], "beta": options["prt_beta"]}
 
     def __init__(
         self,

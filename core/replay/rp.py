@@ -12,6 +12,7 @@ reference compares empty slices and never fires) and the priority is the termina
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,11 @@ class RewardPrioritizedBuffer(ReplayBuffer):
     """
 
     kind = "rp"
+
+    @classmethod
+    def config_kwargs(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """``capacity`` and ``rp_tolerance`` of ``[replay]``."""
+        return {"capacity": options["capacity"], "tolerance": options["rp_tolerance"]}
 
     def __init__(
         self, capacity: int = 200, tolerance: float = 0.25, force_valid: bool = False

@@ -21,7 +21,7 @@ facility term for the reference code's dispersion rule, for comparison runs.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,25 @@ class SubmodularBuffer(ReplayBuffer):
     """
 
     kind = "subm"
+
+    @classmethod
+    def config_kwargs(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """``capacity``, ``subm_method``, ``subm_diversity``, ``bin_weight_power``,
+        ``subm_weights`` (w_rew, w_val, w_div, w_len) and, when set, ``gating_ratio``,
+        ``length_bin_size``, ``similarity``, ``shingle_k``, ``shingle_on`` of ``[replay]``."""
+        kwargs: dict[str, Any] = {
+            "capacity": options["capacity"],
+            "method": options["subm_method"],
+            "diversity": options["subm_diversity"],
+            "length_alpha_power": options["bin_weight_power"],
+        }
+        if options["subm_weights"] is not None:
+            weights = ("w_rew", "w_val", "w_div", "w_len")
+            kwargs.update(zip(weights, options["subm_weights"], strict=True))
+        for name in ("gating_ratio", "length_bin_size", "similarity", "shingle_k", "shingle_on"):
+            if options[name] is not None:
+                kwargs[name] = options[name]
+        return kwargs
 
     def __init__(
         self,

@@ -381,3 +381,28 @@ def test_subm_word_unigram_jaccard_selects_on_words():
     assert [it.text for it in buf.items()] == [texts[i] for i in want]
     with pytest.raises(ValueError, match="shingle_on"):
         make_buffer("subm", shingle_on="sentences")
+
+
+def test_the_buffer_registry_builds_every_kind_and_refuses_a_second_kind_of_a_name():
+    from raptb.core.replay import BUFFERS, buffer_class, register_buffer
+
+    assert tuple(BUFFERS) == ("rp", "prt", "subm", "oracle")
+    for kind, cls in BUFFERS.items():
+        assert buffer_class(kind) is cls and cls.kind == kind
+    options = {"capacity": 7, "rp_tolerance": 0.5, "prt_alpha": 0.6, "prt_beta": 0.3}
+    assert buffer_class("prt").config_kwargs(options) == {
+        "capacity": 7,
+        "tolerance": 0.5,
+        "alpha": 0.6,
+        "beta": 0.3,
+    }
+    with pytest.raises(ValueError, match="not built from keyword arguments"):
+        buffer_class("oracle").config_kwargs(options)
+
+    class Other(RewardPrioritizedBuffer):
+        kind = "rp"
+
+    with pytest.raises(ValueError, match="'rp' is already registered"):
+        register_buffer(Other)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        make_buffer("nope")
