@@ -22,16 +22,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from rich.console import Console
 
 from raptb.adapters.value_head import ValueHead
-from raptb.app.config import RL_LOSSES, TrainConfig
-from raptb.app.distributed import DistContext, combine_micro_batch
+from raptb.app.distributed import combine_micro_batch
 from raptb.app.ppo_update import (
     PPORollout,
     disable_dropout,
@@ -311,17 +308,3 @@ class RLTrainer(Trainer):
             record.setdefault(name, value if np.isfinite(value) else None)
         record.update(nonfinite_skipped=self.nonfinite_total, seconds=seconds)
         return record
-
-
-def make_trainer(
-    config: TrainConfig,
-    run_dir: Path,
-    *,
-    resume: bool = False,
-    progress: bool = True,
-    console: Console | None = None,
-    dist: DistContext | None = None,
-) -> Trainer:
-    """The trainer of ``config.loss``: ``RLTrainer`` for grpo and ppo, else ``Trainer``."""
-    cls = RLTrainer if config.loss in RL_LOSSES else Trainer
-    return cls(config, run_dir, resume=resume, progress=progress, console=console, dist=dist)

@@ -45,7 +45,7 @@ from raptb.app.checkpoint import (
     latest_checkpoint,
     newest_usable,
 )
-from raptb.app.config import TrainConfig, save_config
+from raptb.app.config import RL_LOSSES, TrainConfig, save_config
 from raptb.app.distributed import (
     DistContext,
     MicroBatchTotals,
@@ -224,6 +224,11 @@ class Trainer:
     # another objective family (app.rl_train) replaces
 
     def _build_objective(self) -> Any:
+        if self.cfg.loss in RL_LOSSES:
+            raise TrainingError(
+                f"loss {self.cfg.loss!r} is an RL baseline, which Trainer (GFlowNet objectives) "
+                "does not train: use make_trainer(config, run_dir), which builds an RLTrainer"
+            )
         return objective_by_name(self.cfg.loss, **self.cfg.objective_kwargs())
 
     def _uses_reference(self) -> bool:

@@ -32,9 +32,9 @@ from raptb.app.distributed import (
 )
 from raptb.app.launch import record_outcome
 from raptb.app.resume import CONFIG_FILE, claim_new_run, resumed_config
-from raptb.app.rl_train import make_trainer
 from raptb.app.run_lock import RunLocked, run_lock
 from raptb.app.train import TrainingError
+from raptb.app.trainers import make_trainer
 
 _err = Console(stderr=True)
 EXIT_TERMINATED = 128 + signal.SIGTERM

@@ -3,7 +3,10 @@
 The stable names are re-exported here and imported on first use (PEP 562), so that
 ``import raptb.core...`` stays free of torch and the other frameworks:
 
-    from raptb import objective_by_name, PrefixBatch, subm_select, Trainer
+    from raptb import objective_by_name, PrefixBatch, subm_select, make_trainer, Trainer
+
+``make_trainer(config, run_dir)`` trains any ``loss``: ``Trainer`` (the GFlowNet objectives)
+or ``RLTrainer`` (grpo, ppo).
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ _EXPORTS = {
     "TrainConfig": "raptb.app.config",
     "build_config": "raptb.app.config",
     "Trainer": "raptb.app.train",
+    "RLTrainer": "raptb.app.rl_train",
+    "make_trainer": "raptb.app.trainers",
     "evaluate": "raptb.app.evaluate",
 }
 __all__ = ["__version__", *_EXPORTS]

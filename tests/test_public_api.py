@@ -44,3 +44,17 @@ def test_core_names_load_no_framework():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("loss", ["grpo", "ppo", "raptb"])
+def test_make_trainer_trains_any_loss_and_trainer_names_it_for_rl(tmp_path, loss):
+    small = {"optim.batch_size": 8, "optim.grad_accum": 1, "threads": 1, "steps": 2}
+    config = raptb.build_config(overrides={"loss": loss, **small})
+    trainer = raptb.make_trainer(config, tmp_path / "run", progress=False)
+    assert isinstance(trainer, raptb.RLTrainer if loss != "raptb" else raptb.Trainer)
+    assert trainer.train().step == 2
+    if loss != "raptb":
+        from raptb.app.train import TrainingError
+
+        with pytest.raises(TrainingError, match=rf"loss '{loss}' is an RL baseline.*make_trainer"):
+            raptb.Trainer(config, tmp_path / "direct", progress=False)

@@ -26,8 +26,9 @@ import numpy as np
 import pytest
 import torch
 
-from raptb.app.rl_train import RLTrainer, _Rollout, make_trainer
+from raptb.app.rl_train import RLTrainer, _Rollout
 from raptb.app.step import Trajectories
+from raptb.app.trainers import make_trainer
 from raptb.core.rl_batch import action_log_probs
 from tests.app.test_train import small_config
 

@@ -13,9 +13,10 @@ from transformers import PreTrainedModel
 import raptb.app.rl_train as rl_train
 from raptb.app.config import ConfigError, build_config
 from raptb.app.config_reference import default_text
-from raptb.app.rl_train import RLTrainer, make_trainer
+from raptb.app.rl_train import RLTrainer
 from raptb.app.step import Trajectories
 from raptb.app.step_batch import StepBatch
+from raptb.app.trainers import make_trainer
 from raptb.core.grpo import GRPO
 from raptb.core.ppo import PPO
 from raptb.core.rl_batch import RLBatch
