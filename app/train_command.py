@@ -10,7 +10,9 @@ run after checkpointing (preemption: resume with ``--resume``).
 
 from __future__ import annotations
 
+import inspect
 import signal
+import tomllib
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,7 +24,7 @@ from rich.markup import escape
 from raptb.adapters.registry import task_names, task_spec
 from raptb.app.checkpoint import list_checkpoints, remove_stale_temporaries
 from raptb.app.config import ConfigError, TrainConfig, build_config
-from raptb.app.config_reference import default_text, field_at
+from raptb.app.config_reference import config_fields, default_text, field_at
 from raptb.app.distributed import (
     DistContext,
     dist_rank,
@@ -67,14 +69,20 @@ def _prepare_run(
     return claim_new_run(run_dir, cfg, overwrite=overwrite), False
 
 
-def _flag(path: str, extra: str = "") -> Any:
-    """A ``--flag`` for config field ``path``: its description as help, its default shown."""
+def _flag(path: str, extra: str = "", *names: str, metavar: str | None = None) -> Any:
+    """A ``--flag`` for config field ``path``: its description as help, its default shown;
+    ``names``: the option's spellings (default: from the parameter's name)."""
     help_text = f"{field_at(path).description}{extra}"
     section = path.split(".")[0]
     if section in task_names():
         help_text += f" ({section} task; its other options go in [{section}] of --config.)"
     shown = default_text(path)
-    return typer.Option(help=help_text, show_default=shown if shown is not None else False)
+    return typer.Option(
+        *names,
+        help=help_text,
+        show_default=shown if shown is not None else False,
+        metavar=metavar,
+    )
 
 
 def kappa_line(cfg: TrainConfig) -> str:
@@ -103,13 +111,97 @@ def _task_choices() -> str:
     )
 
 
+# The hand-picked short flags: parameter, configuration path, type. Every field also has a
+# generated ``--PATH`` flag (below), so each flag is declared once, from its field.
+SHORT_FLAGS: tuple[tuple[str, str, Any], ...] = (
+    ("task", "task", str),
+    ("loss", "loss", str),
+    ("replay", "replay.kind", str),
+    ("model", "model", str),
+    ("steps", "steps", int),
+    ("seed", "seed", int),
+    ("reward", "custom.reward", str),
+    ("lr", "optim.lr", float),
+    ("log_z_lr", "optim.log_z_lr", float),
+    ("batch_size", "optim.batch_size", int),
+    ("grad_accum", "optim.grad_accum", int),
+    ("checkpoint_every", "checkpoint_every", int),
+    ("threads", "threads", int),
+    ("lora_rank", "lora.rank", int),
+    ("scaffolds", "smiles.scaffolds", Path),
+    ("absorb", "objective.absorb", bool),
+    ("subm_weights", "replay.subm_weights", tuple[float, float, float, float]),
+    ("kappa", "reward.kappa", float),
+    ("reward_scale", "reward.reward_scale", float),
+    ("prompts", "commongen.prompts", str),
+    ("oracle", "amp.oracle", str),
+    ("report_to", "report_to", list[str]),
+)
+_SHORT_HELP = {"report_to": " Repeat the flag for several trackers."}
+_FIELD_PREFIX = "field__"
+"""Parameter names of the generated flags: ``--optim.lr`` is ``field__optim__lr``."""
+
+
+def _field_parameter(path: str) -> str:
+    return _FIELD_PREFIX + path.replace(".", "__")
+
+
+def _short_parameter(name: str, path: str, kind: Any) -> inspect.Parameter:
+    extra = _task_choices() if name == "task" else _SHORT_HELP.get(name, "")
+    annotation = Annotated[kind | None, _flag(path, extra)]
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation
+    )
+
+
+def _field_parameters() -> list[inspect.Parameter]:
+    """A ``--PATH VALUE`` flag for every configuration field that no short flag of the same
+    spelling covers (``--steps`` is the short flag; ``--optim.lr`` exists beside ``--lr``)."""
+    taken = {name for name, _, _ in SHORT_FLAGS}
+    params = []
+    for path, _ in config_fields():
+        if path in taken:
+            continue
+        option = _flag(path, "", f"--{path}", metavar="TOML")
+        params.append(
+            inspect.Parameter(
+                _field_parameter(path),
+                inspect.Parameter.KEYWORD_ONLY,
+                default=None,
+                annotation=Annotated[str | None, option],
+            )
+        )
+    return params
+
+
+def _toml_value(text: str) -> Any:
+    """A flag's text as a TOML value (``1e-3``, ``true``, ``[7, 3]``); otherwise the text."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def flag_overrides(params: dict[str, Any]) -> dict[str, Any]:
+    """Configuration overrides (dotted path -> value) from the flags given; a field given by its
+    short flag and by its ``--PATH`` flag is a ConfigError."""
+    overrides: dict[str, Any] = {}
+    for name, path, _ in SHORT_FLAGS:
+        value = params.get(name)
+        if name == "report_to" and value is not None and len(value) == 1:
+            value = value[0]
+        overrides[path] = value
+    for path, _ in config_fields():
+        text = params.get(_field_parameter(path))
+        if text is None:
+            continue
+        if overrides.get(path) is not None:
+            raise ConfigError(f"invalid config: {path}: given twice (--{path} and a short flag)")
+        overrides[path] = _toml_value(text)
+    return overrides
+
+
 def train_command(
-    task: Annotated[str | None, _flag("task", _task_choices())] = None,
-    loss: Annotated[str | None, _flag("loss")] = None,
-    replay: Annotated[str | None, _flag("replay.kind")] = None,
-    model: Annotated[str | None, _flag("model")] = None,
-    steps: Annotated[int | None, _flag("steps")] = None,
-    seed: Annotated[int | None, _flag("seed")] = None,
     out: Annotated[
         Path | None,
         typer.Option(help="Run directory. (default: runs/<task>-<loss>-<replay>-s<seed>)"),
@@ -123,54 +215,16 @@ def train_command(
     overwrite: Annotated[
         bool, typer.Option(help="Delete what --out holds and start a new run there.")
     ] = False,
-    reward: Annotated[str | None, _flag("custom.reward")] = None,
-    lr: Annotated[float | None, _flag("optim.lr")] = None,
-    log_z_lr: Annotated[float | None, _flag("optim.log_z_lr")] = None,
-    batch_size: Annotated[int | None, _flag("optim.batch_size")] = None,
-    grad_accum: Annotated[int | None, _flag("optim.grad_accum")] = None,
-    checkpoint_every: Annotated[int | None, _flag("checkpoint_every")] = None,
-    threads: Annotated[int | None, _flag("threads")] = None,
-    lora_rank: Annotated[int | None, _flag("lora.rank")] = None,
-    scaffolds: Annotated[Path | None, _flag("smiles.scaffolds")] = None,
-    absorb: Annotated[bool | None, _flag("objective.absorb")] = None,
-    subm_weights: Annotated[
-        tuple[float, float, float, float] | None, _flag("replay.subm_weights")
-    ] = None,
-    kappa: Annotated[float | None, _flag("reward.kappa")] = None,
-    reward_scale: Annotated[float | None, _flag("reward.reward_scale")] = None,
-    prompts: Annotated[str | None, _flag("commongen.prompts")] = None,
-    oracle: Annotated[str | None, _flag("amp.oracle")] = None,
-    report_to: Annotated[
-        list[str] | None, _flag("report_to", " Repeat the flag for several trackers.")
-    ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    **flags: Any,
 ) -> None:
     """Train a GFlowNet sampler, or a PPO/GRPO baseline (defaults: the paper's Expr24 setting,
-    embedded tiny model)."""
-    overrides = {
-        "task": task,
-        "loss": loss,
-        "replay.kind": replay,
-        "model": model,
-        "custom.reward": reward,
-        "steps": steps,
-        "seed": seed,
-        "optim.lr": lr,
-        "optim.log_z_lr": log_z_lr,
-        "optim.batch_size": batch_size,
-        "optim.grad_accum": grad_accum,
-        "checkpoint_every": checkpoint_every,
-        "threads": threads,
-        "lora.rank": lora_rank,
-        "smiles.scaffolds": scaffolds,
-        "objective.absorb": absorb,
-        "replay.subm_weights": subm_weights,
-        "reward.kappa": kappa,
-        "reward.reward_scale": reward_scale,
-        "commongen.prompts": prompts,
-        "amp.oracle": oracle,
-        "report_to": report_to[0] if report_to and len(report_to) == 1 else report_to,
-    }
+    embedded tiny model). Every configuration field has a flag --PATH VALUE (--optim.lr 3e-3,
+    --objective.k_min "[7, 3]"); flags win over --config."""
+    try:
+        overrides = flag_overrides(flags)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
     if resume and overwrite:
         raise _fail("--resume and --overwrite exclude each other")
     if resume:
@@ -224,3 +278,23 @@ def train_command(
             again = f"raptb {again}"
         _err.print(f"continue with: {again}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _signature() -> inspect.Signature:
+    """train_command's parameters as Typer reads them: the fixed ones, the short flags, then one
+    flag per configuration field."""
+    fixed = [
+        p
+        for p in inspect.signature(train_command, eval_str=True).parameters.values()
+        if p.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
+    fixed = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in fixed]
+    short = [_short_parameter(name, path, kind) for name, path, kind in SHORT_FLAGS]
+    return inspect.Signature([*short, *fixed, *_field_parameters()])
+
+
+train_command.__signature__ = _signature()  # type: ignore[attr-defined]
+train_command.__annotations__ = {
+    p.name: p.annotation
+    for p in train_command.__signature__.parameters.values()  # type: ignore[attr-defined]
+}

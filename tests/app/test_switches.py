@@ -91,6 +91,41 @@ def test_cli_flags_reach_the_run_config(tmp_path: Path, monkeypatch) -> None:
     assert bad.exit_code == 2 and "replay.subm_weights" in bad.output
 
 
+def test_every_config_field_has_a_flag_that_reaches_the_run_config(tmp_path, monkeypatch):
+    from raptb.app.config_reference import config_fields
+
+    seen: list[TrainConfig] = []
+
+    class Recorder:
+        def __init__(self, cfg, run_dir, **kwargs):
+            seen.append(cfg)
+            self.run_dir = run_dir
+
+        def train(self):
+            return TrainResult(self.run_dir, 0, interrupted=False, checkpoint=None)
+
+    monkeypatch.setattr(train_command, "make_trainer", Recorder)
+    help_text = " ".join(CliRunner().invoke(app, ["train", "--help"]).output.split())
+    short = {name.replace("_", "-") for name, _, _ in train_command.SHORT_FLAGS}
+    for path, _ in config_fields():
+        assert f"--{path} " in help_text or path.replace("_", "-") in short, path
+    # TOML values of every kind: a float, a list, a bool, a string, a nested section's field
+    args = ["train", "--out", str(tmp_path / "run"), "--no-progress", "--objective.eta", "0.5"]
+    args += ["--objective.k_min", "[5, 2]", "--optim.gradient_checkpointing", "true"]
+    args += ["--sampling.decode", "eager", "--tiny.width", "32", "--replay.p_replay", "[0.4, 0.1]"]
+    args += ["--lr", "2e-3", "--keep_checkpoints", "3"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    cfg = seen[0]
+    assert (cfg.objective.eta, cfg.objective.k_min, cfg.optim.lr) == (0.5, (5, 2), 2e-3)
+    assert cfg.optim.gradient_checkpointing is True and cfg.sampling.decode == "eager"
+    assert (cfg.tiny.width, cfg.replay.p_replay, cfg.keep_checkpoints) == (32, (0.4, 0.1), 3)
+    twice = CliRunner().invoke(app, [*args[:4], "--lr", "1e-3", "--optim.lr", "2e-3"])
+    assert twice.exit_code == 2 and "optim.lr: given twice" in twice.output
+    bad = CliRunner().invoke(app, [*args[:4], "--objective.eta", "lots"])
+    assert bad.exit_code == 2 and "objective.eta" in bad.output
+
+
 def test_absorb_false_gives_the_reference_objective_without_absorption(from_toml) -> None:
     objective = objective_by_name(from_toml.loss, **from_toml.objective_kwargs())
     d = make_batch(5, 6, 9)
