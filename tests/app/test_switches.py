@@ -67,18 +67,24 @@ def test_toml_reaches_every_switch(from_toml: TrainConfig) -> None:
     assert (cfg.reward.kappa, cfg.reward.reward_scale, cfg.reward.temperature) == (0.5, 5.0, 1.5)
 
 
-def test_cli_flags_reach_the_run_config(tmp_path: Path, monkeypatch) -> None:
-    seen: list[TrainConfig] = []
+@pytest.fixture
+def seen(monkeypatch) -> list[TrainConfig]:
+    """The configs ``raptb train`` hands to its trainer, which records them instead of training."""
+    configs: list[TrainConfig] = []
 
     class Recorder:
         def __init__(self, cfg, run_dir, **kwargs):
-            seen.append(cfg)
+            configs.append(cfg)
             self.run_dir = run_dir
 
         def train(self):
             return TrainResult(self.run_dir, 0, interrupted=False, checkpoint=None)
 
     monkeypatch.setattr(train_command, "make_trainer", Recorder)
+    return configs
+
+
+def test_cli_flags_reach_the_run_config(tmp_path: Path, seen) -> None:
     args = ["train", "--out", str(tmp_path / "run"), "--no-absorb", "--subm-weights", "1", "0"]
     args += ["0", "1", "--kappa", "0.25", "--reward-scale", "7", "--no-progress"]
     result = CliRunner().invoke(app, args)
@@ -91,20 +97,9 @@ def test_cli_flags_reach_the_run_config(tmp_path: Path, monkeypatch) -> None:
     assert bad.exit_code == 2 and "replay.subm_weights" in bad.output
 
 
-def test_every_config_field_has_a_flag_that_reaches_the_run_config(tmp_path, monkeypatch):
+def test_every_config_field_has_a_flag_that_reaches_the_run_config(tmp_path, seen):
     from raptb.app.config_reference import config_fields
 
-    seen: list[TrainConfig] = []
-
-    class Recorder:
-        def __init__(self, cfg, run_dir, **kwargs):
-            seen.append(cfg)
-            self.run_dir = run_dir
-
-        def train(self):
-            return TrainResult(self.run_dir, 0, interrupted=False, checkpoint=None)
-
-    monkeypatch.setattr(train_command, "make_trainer", Recorder)
     help_text = " ".join(CliRunner().invoke(app, ["train", "--help"]).output.split())
     short = {name.replace("_", "-") for name, _, _ in train_command.SHORT_FLAGS}
     for path, _ in config_fields():
