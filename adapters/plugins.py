@@ -40,6 +40,25 @@ def _describe(group: str, point: EntryPoint) -> str:
     return f"plug-in {point.name!r} of {group} ({point.value})"
 
 
+_loaded_groups: dict[str, PluginError | None] = {}
+"""The groups read in this process, each with the error its reading raised (None: it loaded)."""
+
+
+def load_group_once(group: str, check: Callable[[EntryPoint, Any], None]) -> None:
+    """:func:`load_group` on the first call for ``group``; later calls do nothing, or raise the
+    first call's :class:`PluginError` again, so a broken plug-in fails every lookup, not only the
+    first (which may come from ``--help`` text built while the command line is imported)."""
+    if group not in _loaded_groups:
+        _loaded_groups[group] = None
+        try:
+            load_group(group, check)
+        except PluginError as exc:
+            _loaded_groups[group] = exc
+    error = _loaded_groups[group]
+    if error is not None:
+        raise PluginError(str(error))
+
+
 def load_group(group: str, check: Callable[[EntryPoint, Any], None]) -> None:
     """Load every entry point of ``group`` and hand it to ``check`` (which registers it or raises
     ValueError); any failure is a one-line :class:`PluginError` naming the entry point."""
@@ -68,16 +87,10 @@ def _register_objective(point: EntryPoint, cls: Any) -> None:
     register_objective(cls)
 
 
-_objectives_loaded = False
-
-
 def load_objective_plugins() -> None:
     """Register the objectives of the ``raptb.objectives`` entry points (once per process; the
     tasks' group is read by adapters.registry)."""
-    global _objectives_loaded
-    if not _objectives_loaded:
-        _objectives_loaded = True
-        load_group(OBJECTIVE_GROUP, _register_objective)
+    load_group_once(OBJECTIVE_GROUP, _register_objective)
 
 
 def objective_names() -> tuple[str, ...]:

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from raptb.adapters.plugins import TASK_GROUP, load_group
+from raptb.adapters.plugins import TASK_GROUP, load_group_once
 from raptb.core.ports import Score, Task
 
 # Modules that register the shipped tasks, in the order ``--task`` lists them.
@@ -132,7 +132,7 @@ def _load_builtins() -> None:
         _builtins_loaded = True
         for module in BUILTIN_TASK_MODULES:
             importlib.import_module(module)
-        load_group(TASK_GROUP, _register_plugin_task)
+    load_group_once(TASK_GROUP, _register_plugin_task)
 
 
 def _register_plugin_task(point: EntryPoint, spec: Any) -> None:

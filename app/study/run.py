@@ -52,7 +52,7 @@ RAPTB = (
     "-c",
     "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
     "from raptb.app.study.run import die_with_the_study; die_with_the_study(); "
-    "sys.argv[0] = 'raptb'; from raptb.app.cli import main; main()",
+    "sys.argv[0] = 'raptb'; from raptb.app.entry import main; main()",
 )
 
 

@@ -16,9 +16,10 @@ from raptb.app.cli import app
 from raptb.app.config import ConfigError, build_config
 from raptb.app.ppo_update import PPORollout, mini_batches, step_targets
 from raptb.app.rl_step import rl_loss_step
-from raptb.app.rl_train import RLTrainer, _RLStats, make_trainer
+from raptb.app.rl_train import RLTrainer, _RLStats
 from raptb.app.step import Trajectories
 from raptb.app.train import TrainingError, step_result
+from raptb.app.trainers import make_trainer
 from raptb.core.ppo import PPO
 from tests.app.test_train import records, small_config
 from tests.core import rl_reference as ref

@@ -12,8 +12,9 @@ from typer.testing import CliRunner
 from raptb.app.cli import app
 from raptb.app.config import CISPO_EPSILON_HIGH, ConfigError, build_config
 from raptb.app.rl_step import rl_loss_step, sequence_rewards
-from raptb.app.rl_train import RLTrainer, make_trainer
+from raptb.app.rl_train import RLTrainer
 from raptb.app.step import Rewards, roll_out
+from raptb.app.trainers import make_trainer
 from raptb.core.grpo import GRPO
 from raptb.core.ppo import PPO
 from raptb.core.rl_batch import RLBatch
