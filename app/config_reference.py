@@ -21,6 +21,7 @@ from raptb.app.config import (
     PRETRAINED_PRESET,
     RL_LOSS_PRESETS,
     RL_PRESET,
+    TINY_PRESET,
     TrainConfig,
     build_config,
     config_toml,
@@ -90,6 +91,7 @@ def default_text(path: str, tasks: Sequence[str] | None = None) -> str | None:
     names = task_names() if tasks is None else tasks
     presets = [(name, _lookup(task_presets(name), path)) for name in names]
     presets.append(("pretrained models", _lookup(PRETRAINED_PRESET, path)))
+    presets.append(("embedded tiny model", _lookup(TINY_PRESET, path)))
     presets.append(("grpo, ppo", _lookup(RL_PRESET, path)))
     presets.extend((loss, _lookup(preset, path)) for loss, preset in RL_LOSS_PRESETS.items())
     changed = [f"{name}: {_format(v)}" for name, v in presets if v is not None and v != default]

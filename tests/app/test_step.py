@@ -64,6 +64,7 @@ def test_fixed_seed_run_gives_the_losses_recorded_from_main(tmp_path: Path) -> N
             "replay.p_replay": (0.5, 0.5),
             "reward.kappa": 1.0,
             "seed": 4,
+            "optim.log_z_lr": 0.1,  # logZ trained, as when recorded (tiny holds it by default)
         }
     )
     Trainer(cfg, tmp_path, progress=False).train()

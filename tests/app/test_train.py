@@ -324,9 +324,14 @@ def test_log_z_lr_0_holds_log_z_at_its_initial_value(tmp_path):
     assert held.log_z.item() == 0.25
     assert [r["log_z"] for r in records(tmp_path / "held")] == [0.25, 0.25]
     trained = Trainer(
-        small_config(steps=2, **{"optim.log_z_init": 0.25}), tmp_path / "trained", progress=False
+        small_config(steps=2, **{"optim.log_z_lr": 0.1, "optim.log_z_init": 0.25}),
+        tmp_path / "trained",
+        progress=False,
     )
     trained.train()
     assert trained.log_z.item() != 0.25
+    # the embedded model holds logZ unless told otherwise; a pretrained one trains it
+    assert small_config().optim.log_z_lr == 0.0
+    assert small_config(model="some/pretrained-model").optim.log_z_lr == 0.1
     with pytest.raises(ConfigError, match=r"optim\.log_z_lr"):
         small_config(**{"optim.log_z_lr": -0.1})
