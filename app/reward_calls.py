@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from raptb.core.ports import Score, Task
+from raptb.core.ports import Score, Task, TaskCapabilities
 
 Outcome = tuple[str, Any, Any]
 """("ok", value, valid) | ("error", exception type name, message) | ("nonfinite", repr, "")."""
@@ -60,9 +60,8 @@ def _outcome(score: Score) -> Outcome:
 
 
 def _call(task: Task, prompt: str, text: str, finished: bool = True) -> Outcome:
-    score_fn = getattr(task, "unchecked_score", task.score)
-    if not finished:
-        score_fn = getattr(task, "prefix_score", score_fn)
+    able = TaskCapabilities.of(task)
+    score_fn = able.score if finished else able.prefix_score or able.score
     try:
         return _outcome(score_fn(prompt, text))
     except Exception as exc:  # any fault of the user's reward marks this one sample invalid
@@ -72,7 +71,7 @@ def _call(task: Task, prompt: str, text: str, finished: bool = True) -> Outcome:
 def _call_many(task: Task, prompt: str, texts: Sequence[str], finished: bool) -> list[Outcome]:
     """Outcomes of ``texts``: one ``score_batch`` call for finished texts where the task has it
     (one by one when it raises, to count each failure), else one call per text."""
-    batch = getattr(task, "score_batch", None)
+    batch = TaskCapabilities.of(task).score_batch
     if finished and batch is not None and len(texts) > 1:
         try:
             scores = list(batch(prompt, list(texts)))

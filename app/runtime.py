@@ -30,7 +30,7 @@ from raptb.adapters.static_decode import DecodeMode
 from raptb.adapters.tokens import legal_token_ids, stop_token_id
 from raptb.app.config import LoraConfig, TinyConfig, TrainConfig
 from raptb.app.reward_calls import RewardCaller
-from raptb.core.ports import Score, Task
+from raptb.core.ports import Score, Task, TaskCapabilities
 
 _log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def build_policy(
             load_adapter_weights(model, adapter)
     elif adapter is not None:
         raise ValueError("adapter: loading adapter weights needs lora.rank")
-    stop_id = _stop_id(tokenizer, getattr(task, "stop", None))
+    stop_id = _stop_id(tokenizer, TaskCapabilities.of(task).stop)
     legal = legal_token_ids(tokenizer, task.alphabet, stop_id=stop_id)
     return HFPolicy(
         model,
@@ -175,8 +175,9 @@ class PrefixScorer:
         self.reward_scale = float(reward_scale)
         self.rewards = rewards or RewardCaller(task)
         self._text_of = dict(zip(policy.legal_ids, policy.texts, strict=True))
-        self.cache = ScoreCache(getattr(task, "score_cache_size", DEFAULT_SCORE_CACHE_SIZE))
-        self._scores_prefixes = callable(getattr(task, "prefix_score", None))
+        able = TaskCapabilities.of(task)
+        self.cache = ScoreCache(able.score_cache_size or DEFAULT_SCORE_CACHE_SIZE)
+        self._scores_prefixes = able.prefix_score is not None
 
     def texts(self, tokens: Sequence[int], text: str | None = None) -> list[str]:
         """Texts of the prefixes k = 0..len(tokens); ``text``, the whole row's text when the caller

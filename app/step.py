@@ -26,7 +26,7 @@ from raptb.adapters.registry import task_spec
 from raptb.adapters.rollout import RolloutTimings
 from raptb.app.runtime import PrefixScorer, ScoredRows, reference_log_prob
 from raptb.core.objectives import Objective
-from raptb.core.ports import Score, Task
+from raptb.core.ports import Score, Task, TaskCapabilities
 from raptb.core.replay import ReplayItem
 
 
@@ -343,7 +343,7 @@ def replay_items(
 def _item_extras(task: Task, prompt: str, text: str) -> dict[str, Any]:
     """Replay-item ``features`` and ``canonical`` from a task that defines ``item_features``
     (SMILES: the merged molecule's fingerprint and canonical SMILES); none otherwise."""
-    describe = getattr(task, "item_features", None)
+    describe = TaskCapabilities.of(task).item_features
     if describe is None:
         return {}
     extras = describe(prompt, text)

@@ -7,9 +7,9 @@ similarity backend turns items into a pairwise similarity matrix for SubM.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -46,13 +46,16 @@ class Task(Protocol):
             allowed only where the text is a complete sentence; ``None`` disables the grammar.
         min_length, max_length: bounds on the number of generated tokens before the stop.
 
-    A task may also define ``item_features(prompt, text)`` returning an object with ``features``
-    (a 1-D array for the replay similarity backend) and ``canonical`` (a dedup key or None); the
-    trainer attaches them to replay items (SMILES: the merged molecule's fingerprint). It may
-    declare ``score_cache_size``, the number of (prompt, text) scores the trainer keeps cached.
+    Optional capabilities (the trainer uses them where a task has them; :class:`TaskCapabilities`
+    reads them, the one place that looks for them):
 
-    Optional scoring methods (the trainer uses them where a task has them):
-
+    - ``stop``: the text of the stop token (CommonGen: ``"."``); without it, the tokenizer's EOS.
+    - ``score_cache_size``: the number of (prompt, text) scores the trainer keeps cached.
+    - ``item_features(prompt, text)`` returning an object with ``features`` (a 1-D array for the
+      replay similarity backend) and ``canonical`` (a dedup key or None); the trainer attaches
+      them to replay items (SMILES: the merged molecule's fingerprint).
+    - ``unchecked_score(prompt, text) -> Score``: ``score`` without the task's own guard against
+      a non-finite value, so the reward caller can count NaN and inf rewards (a user's reward).
     - ``prefix_score(prompt, text) -> Score``: the score of an unfinished prefix x_1..x_k with
       k < tau, when it differs from that of the same text finished (AMP: 0, the reward is
       terminal-only; CommonGen: no hard bonus and no validity test before the end). Without it
@@ -74,6 +77,40 @@ class Task(Protocol):
     def score(self, prompt: str, text: str) -> Score:
         """Score the finished generated ``text`` (without prompt or stop token) for ``prompt``."""
         ...
+
+
+ScoreFn = Callable[[str, str], Score]
+
+
+@dataclass(frozen=True)
+class TaskCapabilities:
+    """The optional capabilities of a :class:`Task` (see its docstring), read once by :meth:`of`:
+    each is the task's own or None (``score``: ``unchecked_score`` where the task has it, else
+    ``score``)."""
+
+    stop: str | None
+    score_cache_size: int | None
+    score: ScoreFn
+    prefix_score: ScoreFn | None
+    score_batch: Callable[[str, list[str]], Sequence[Score]] | None
+    item_features: Callable[[str, str], Any] | None
+
+    @classmethod
+    def of(cls, task: Task) -> TaskCapabilities:
+        """The capabilities ``task`` declares."""
+
+        def method(name: str) -> Any:
+            found = getattr(task, name, None)
+            return found if callable(found) else None
+
+        return cls(
+            stop=getattr(task, "stop", None),
+            score_cache_size=getattr(task, "score_cache_size", None),
+            score=method("unchecked_score") or task.score,
+            prefix_score=method("prefix_score"),
+            score_batch=method("score_batch"),
+            item_features=method("item_features"),
+        )
 
 
 @runtime_checkable
