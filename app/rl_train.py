@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from raptb.adapters.value_head import ValueHead
-from raptb.app.distributed import combine_micro_batch
+from raptb.app.micro_batch import combine_micro_batch
 from raptb.app.ppo_update import (
     PPORollout,
     disable_dropout,

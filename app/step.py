@@ -24,7 +24,8 @@ import torch
 from raptb.adapters.policy import HFPolicy, to_prefix_batch
 from raptb.adapters.registry import task_spec
 from raptb.adapters.rollout import RolloutTimings
-from raptb.app.runtime import PrefixScorer, ScoredRows, reference_log_prob
+from raptb.app.prefix_reward import PrefixScorer, ScoredRows
+from raptb.app.runtime import reference_log_prob
 from raptb.core.objectives import Objective
 from raptb.core.ports import Score, Task, TaskCapabilities
 from raptb.core.replay import ReplayItem

@@ -12,13 +12,8 @@ import torch
 from raptb.adapters.expr24 import SCORE_CACHE_LIMIT, Expr24Task
 from raptb.adapters.smiles import SmilesTask
 from raptb.app.config import build_config
-from raptb.app.runtime import (
-    DEFAULT_SCORE_CACHE_SIZE,
-    PrefixScorer,
-    ScoreCache,
-    build_policy,
-    pad_rows,
-)
+from raptb.app.prefix_reward import DEFAULT_SCORE_CACHE_SIZE, PrefixScorer, ScoreCache
+from raptb.app.runtime import build_policy, pad_rows
 from raptb.app.step import (
     correct_texts,
     new_items,

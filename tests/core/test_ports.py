@@ -51,7 +51,9 @@ def test_every_declared_capability_is_read_and_unchecked_score_replaces_score() 
     value = able.score("", "x").value
     assert value != value  # unchecked_score's NaN, not score's 1.0
     assert able.prefix_score is not None and able.prefix_score("", "x") == Score(0.5, True)
-    assert able.score_batch is not None and able.score_batch("", ["a", "b"]) == [Score(2.0, True)] * 2
+    assert (
+        able.score_batch is not None and able.score_batch("", ["a", "b"]) == [Score(2.0, True)] * 2
+    )
     assert able.item_features is not None and able.item_features("", "ab") == "features of ab"
 
 
