@@ -50,6 +50,7 @@ from raptb.app.distributed import DistContext, per_rank_batch, sampling_seed
 from raptb.app.micro_batch import MicroBatchTotals, combine_micro_batch
 from raptb.app.mix_schedule import MixSchedule
 from raptb.app.prefix_reward import PrefixScorer
+from raptb.app.replay_items import new_items
 from raptb.app.replay_setup import build_buffer
 from raptb.app.resume import check_steps
 from raptb.app.reward_calls import RewardCaller
@@ -63,7 +64,6 @@ from raptb.app.step import (
     Trajectories,
     correct_texts,
     loss_step,
-    new_items,
     reward,
     row_prompts,
     with_prior,
