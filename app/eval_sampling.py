@@ -21,7 +21,8 @@ from rich.progress import (
 from raptb.adapters.policy import HFPolicy
 from raptb.adapters.registry import TaskSpec
 from raptb.app.distributed import DistContext, sampling_seed
-from raptb.app.runtime import PrefixScorer, pad_rows
+from raptb.app.prefix_reward import PrefixScorer
+from raptb.app.runtime import pad_rows
 from raptb.core.ports import Task
 
 

@@ -65,8 +65,9 @@ from raptb.app.plots import (
     plot_score_by_length,
     plot_training_curves,
 )
+from raptb.app.prefix_reward import PrefixScorer
 from raptb.app.reward_schedule import RewardSchedule
-from raptb.app.runtime import PrefixScorer, build_policy, build_task
+from raptb.app.runtime import build_policy, build_task
 from raptb.app.trackers import Trackers
 from raptb.core.ports import Task
 

@@ -4,13 +4,33 @@ range [T_lo, T_hi] move linearly from their start to their end over the run's sc
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from raptb.app.config import TrainConfig
-from raptb.app.step import Mix
 from raptb.core.schedules import LinearSchedule
 
 
+@dataclass(frozen=True)
+class Mix:
+    """The behaviour mix of one optimizer step (replay.md), its schedules evaluated at the step.
+
+    p_replay: probability that a row is drawn from the buffer (app.step_batch: per row).
+    low_temp_prob: probability that an on-policy row uses a temperature drawn from
+        [temp_lo, temp_hi].
+    p_oracle: with ``oracle_fraction``, an on-policy row is replaced by an oracle solution with
+        probability p_oracle x oracle_fraction (Oracle replay only).
+    """
+
+    p_replay: float
+    low_temp_prob: float
+    temp_lo: float
+    temp_hi: float
+    p_oracle: float
+    oracle_fraction: float
+
+
 class MixSchedule:
-    """``at(step)``: the :class:`~raptb.app.step.Mix` of step ``step`` of a run configured by
+    """``at(step)``: the :class:`Mix` of step ``step`` of a run configured by
     ``config`` whose schedules run over ``horizon`` optimizer steps."""
 
     def __init__(self, config: TrainConfig, horizon: int) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from raptb.adapters.policy import HFPolicy
 from raptb.adapters.registry import task_spec
 from raptb.app.config import ConfigError, TrainConfig
-from raptb.app.runtime import PrefixScorer
-from raptb.app.step import replay_items
+from raptb.app.prefix_reward import PrefixScorer
+from raptb.app.replay_items import replay_items
 from raptb.core.ports import Task
 from raptb.core.replay import ReplayBuffer, ReplayItem, make_buffer
 

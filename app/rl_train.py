@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from raptb.adapters.value_head import ValueHead
-from raptb.app.distributed import combine_micro_batch
+from raptb.app.micro_batch import combine_micro_batch
+from raptb.app.mix_schedule import Mix
 from raptb.app.ppo_update import (
     PPORollout,
     disable_dropout,
@@ -38,7 +39,7 @@ from raptb.app.ppo_update import (
     step_targets,
 )
 from raptb.app.rl_step import needs_reference, rl_loss_step, sequence_rewards
-from raptb.app.step import LossResult, Mix, Trajectories, correct_texts, reward
+from raptb.app.step import LossResult, Trajectories, correct_texts, reward
 from raptb.app.step_batch import collect_step, micro_batches, plan_rows
 from raptb.app.train import Trainer, TrainingError, step_result
 from raptb.core.advantages import group_advantages

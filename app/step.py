@@ -3,7 +3,7 @@
     app.step_batch -> Trajectories   the step's rows: one rollout, replay and oracle rows
     reward         -> Rewards        task scores per prefix, u, the reference prior kappa log P_ref
     loss_step      -> LossResult     teacher-forced rescoring, objective, backward (a micro-batch)
-    new_items                        the on-policy rows as replay items, for the buffer update
+    new_items (app.replay_items)     the on-policy rows as replay items, for the buffer update
 
 The trainer calls them in this order (``Trainer._optimizer_step``) and
 ``benchmarks/train_step.py`` times the same functions. Tokens stay tensors on the policy's device
@@ -24,29 +24,10 @@ import torch
 from raptb.adapters.policy import HFPolicy, to_prefix_batch
 from raptb.adapters.registry import task_spec
 from raptb.adapters.rollout import RolloutTimings
-from raptb.app.runtime import PrefixScorer, ScoredRows, reference_log_prob
+from raptb.app.prefix_reward import PrefixScorer
+from raptb.app.runtime import reference_log_prob
 from raptb.core.objectives import Objective
-from raptb.core.ports import Score, Task, TaskCapabilities
-from raptb.core.replay import ReplayItem
-
-
-@dataclass(frozen=True)
-class Mix:
-    """The behaviour mix of one optimizer step (replay.md), its schedules evaluated at the step.
-
-    p_replay: probability that a row is drawn from the buffer (app.step_batch: per row).
-    low_temp_prob: probability that an on-policy row uses a temperature drawn from
-        [temp_lo, temp_hi].
-    p_oracle: with ``oracle_fraction``, an on-policy row is replaced by an oracle solution with
-        probability p_oracle x oracle_fraction (Oracle replay only).
-    """
-
-    p_replay: float
-    low_temp_prob: float
-    temp_lo: float
-    temp_hi: float
-    p_oracle: float
-    oracle_fraction: float
+from raptb.core.ports import Score, Task
 
 
 @dataclass(frozen=True)
@@ -291,60 +272,3 @@ def agreed_finite(loss: torch.Tensor | None, agree: Callable[[bool], bool] | Non
     so that every process skips it or none does."""
     finite = loss is not None and bool(torch.isfinite(loss))
     return finite if agree is None else agree(finite)
-
-
-# --- buffer update -----------------------------------------------------------------------------
-
-
-def new_items(task: Task, batch: Trajectories, rewards: Rewards) -> list[ReplayItem]:
-    """The on-policy rows of a sampled batch as replay items; their log-rewards include the
-    reference prior when kappa > 0."""
-    if rewards.scores is None or rewards.s_host is None or not batch.on_policy:
-        return []
-    log_r = rewards.u_host if rewards.prior is None else rewards.log_r.double().cpu().numpy()
-    scored = ScoredRows(u=rewards.u_host, scores=rewards.scores, s=rewards.s_host)
-    return replay_items(task, batch.prompt, batch.rows, batch.texts, scored, batch.on_policy, log_r)
-
-
-def replay_items(
-    task: Task,
-    prompt: str,
-    rows: Sequence[tuple[int, ...]],
-    texts: Sequence[str],
-    scored: ScoredRows,
-    indices: Iterable[int],
-    log_r: np.ndarray,
-) -> list[ReplayItem]:
-    """Replay items of rows b in ``indices``: tokens, text, task rewards u and log-rewards
-    ``log_r`` (float64 [B, T+1]) cut at tau, the task's replay validity and static score (its
-    spec's ``replay_valid`` and ``replay_score``: Expr24 marks correct rows valid, SMILES scores
-    a row by its best prefix), and the task's item features."""
-    spec = task_spec(task.name)
-    items = []
-    for b in indices:
-        end = len(rows[b]) + 1
-        prefix_scores = scored.s[b, :end]
-        best = spec.replay_score == "best_prefix"
-        items.append(
-            ReplayItem(
-                prompt=prompt,
-                tokens=rows[b],
-                text=texts[b],
-                log_r=log_r[b, :end],
-                u=scored.u[b, :end],
-                valid=spec.replay_valid(scored.scores[b]),
-                score=float(prefix_scores.max() if best else prefix_scores[-1]),
-                **_item_extras(task, prompt, texts[b]),
-            )
-        )
-    return items
-
-
-def _item_extras(task: Task, prompt: str, text: str) -> dict[str, Any]:
-    """Replay-item ``features`` and ``canonical`` from a task that defines ``item_features``
-    (SMILES: the merged molecule's fingerprint and canonical SMILES); none otherwise."""
-    describe = TaskCapabilities.of(task).item_features
-    if describe is None:
-        return {}
-    extras = describe(prompt, text)
-    return {"features": extras.features, "canonical": extras.canonical}

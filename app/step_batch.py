@@ -34,8 +34,9 @@ import torch
 
 from raptb.adapters.policy import HFPolicy
 from raptb.adapters.rollout import RolloutTimings
+from raptb.app.mix_schedule import Mix
 from raptb.app.runtime import pad_rows
-from raptb.app.step import Mix, Trajectories
+from raptb.app.step import Trajectories
 from raptb.core.ports import Task
 from raptb.core.replay import ReplayBuffer, ReplayItem
 

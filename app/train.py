@@ -46,20 +46,17 @@ from raptb.app.checkpoint import (
     newest_usable,
 )
 from raptb.app.config import RL_LOSSES, TrainConfig, save_config
-from raptb.app.distributed import (
-    DistContext,
-    MicroBatchTotals,
-    combine_micro_batch,
-    per_rank_batch,
-    sampling_seed,
-)
+from raptb.app.distributed import DistContext, per_rank_batch, sampling_seed
+from raptb.app.micro_batch import MicroBatchTotals, combine_micro_batch
 from raptb.app.mix_schedule import MixSchedule
+from raptb.app.prefix_reward import PrefixScorer
+from raptb.app.replay_items import new_items
 from raptb.app.replay_setup import build_buffer
 from raptb.app.resume import check_steps
 from raptb.app.reward_calls import RewardCaller
 from raptb.app.reward_schedule import RewardSchedule
 from raptb.app.run_log import cut_log, log_path
-from raptb.app.runtime import PrefixScorer, build_policy, build_task
+from raptb.app.runtime import build_policy, build_task
 from raptb.app.sharding import clip_grad_norm, shard_policy
 from raptb.app.step import (
     LossResult,
@@ -67,7 +64,6 @@ from raptb.app.step import (
     Trajectories,
     correct_texts,
     loss_step,
-    new_items,
     reward,
     row_prompts,
     with_prior,

@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_step import STEP_PARTS, timed_optimizer_step
 
 from raptb.app.config import build_config
-from raptb.app.runtime import PrefixScorer, build_task
+from raptb.app.prefix_reward import PrefixScorer
+from raptb.app.runtime import build_task
 from raptb.app.step import roll_out
 from raptb.app.train import Trainer
 

@@ -54,7 +54,9 @@ import torch
 
 from raptb.adapters.policy import HFPolicy
 from raptb.app.config import build_config
-from raptb.app.step import Mix, loss_step, new_items, reward, roll_out
+from raptb.app.mix_schedule import Mix
+from raptb.app.replay_items import new_items
+from raptb.app.step import loss_step, reward, roll_out
 from raptb.app.step_batch import collect_step, micro_batches, plan_rows
 from raptb.app.train import Trainer
 

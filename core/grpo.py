@@ -54,7 +54,7 @@ from raptb.core.advantages import (
     kl_estimate,
     masked_mean,
 )
-from raptb.core.objectives import _check_range, stop_gradient
+from raptb.core.objectives import check_range, stop_gradient
 from raptb.core.rl_batch import RLBatch
 
 Array = Any
@@ -75,7 +75,7 @@ def _weighted_mean(x: Array, batch: RLBatch) -> Array:
 
 def _optional_positive(name: str, value: float | None) -> None:
     if value is not None:
-        _check_range(name, value, 0.0, math.inf, lo_open=True)
+        check_range(name, value, 0.0, math.inf, lo_open=True)
 
 
 @dataclass(frozen=True)
@@ -113,14 +113,14 @@ class GRPO:
                 f"importance_sampling_level: must be one of {IMPORTANCE_SAMPLING_LEVELS}, "
                 f"got {self.importance_sampling_level!r}"
             )
-        _check_range("epsilon", self.epsilon, 0.0, math.inf)
+        check_range("epsilon", self.epsilon, 0.0, math.inf)
         if self.epsilon_high is not None:
-            _check_range("epsilon_high", self.epsilon_high, 0.0, math.inf)
+            check_range("epsilon_high", self.epsilon_high, 0.0, math.inf)
         _optional_positive("delta", self.delta)
-        _check_range("beta", self.beta, 0.0, math.inf)
-        _check_range("sapo_temperature_pos", self.sapo_temperature_pos, 0.0, math.inf, True)
-        _check_range("sapo_temperature_neg", self.sapo_temperature_neg, 0.0, math.inf, True)
-        _check_range("entropy_coef", self.entropy_coef, 0.0, math.inf)
+        check_range("beta", self.beta, 0.0, math.inf)
+        check_range("sapo_temperature_pos", self.sapo_temperature_pos, 0.0, math.inf, True)
+        check_range("sapo_temperature_neg", self.sapo_temperature_neg, 0.0, math.inf, True)
+        check_range("entropy_coef", self.entropy_coef, 0.0, math.inf)
         m = self.max_completion_length
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
             raise ValueError(f"max_completion_length: must be None or an integer >= 1, got {m!r}")

@@ -68,8 +68,25 @@ def _as_log_z(log_z: Array | float, batch: PrefixBatch) -> Array:
     return log_z
 
 
-def _masked_inputs(batch: PrefixBatch) -> tuple[Array, Array, Array, Array]:
-    """C [B, T+1] (cumulative token log-probs), log_pterm, log_r, u with masked entries zeroed.
+@dataclass(frozen=True)
+class _Masked:
+    """C [B, T+1] (cumulative token log-probs), log_pterm, log_r and u with masked entries zeroed
+    (:func:`_masked_inputs`)."""
+
+    cum: Array
+    log_pterm: Array
+    log_r: Array
+    u: Array
+
+    def residuals(self, log_pterm: Array | None = None) -> Array:
+        """D_k = C_k + log_pterm[k] - log_r[k], [B, T+1]: the logZ-free residual of stopping
+        after prefix k (the paper's Delta_k less logZ), the one quantity every objective here
+        reduces; ``log_pterm`` replaces the stop term (RapTB's detached auxiliary)."""
+        return self.cum + (self.log_pterm if log_pterm is None else log_pterm) - self.log_r
+
+
+def _masked_inputs(batch: PrefixBatch) -> _Masked:
+    """The batch's inputs with masked entries zeroed, and C = cumsum(log_pf) with C_0 = 0.
 
     Zeroing first keeps any garbage the caller left after tau (even inf) out of the arithmetic,
     so masked positions can never turn a product into NaN in values or gradients.
@@ -80,11 +97,11 @@ def _masked_inputs(batch: PrefixBatch) -> tuple[Array, Array, Array, Array]:
     first = xp.zeros((batch.batch_size, 1), dtype=log_pf.dtype, device=device(log_pf))
     cum = xp.concat([first, xp.cumulative_sum(log_pf, axis=1)], axis=1)
     zeros = xp.zeros_like(batch.log_pterm)
-    return (
-        cum,
-        xp.where(pre, batch.log_pterm, zeros),
-        xp.where(pre, batch.log_r, zeros),
-        xp.where(pre, batch.u, zeros),
+    return _Masked(
+        cum=cum,
+        log_pterm=xp.where(pre, batch.log_pterm, zeros),
+        log_r=xp.where(pre, batch.log_r, zeros),
+        u=xp.where(pre, batch.u, zeros),
     )
 
 
@@ -123,7 +140,8 @@ def _diagnostics(
     return dict(zip(keys, (float(v) for v in values), strict=True))
 
 
-def _check_range(name: str, value: float, lo: float, hi: float, lo_open: bool = False) -> None:
+def check_range(name: str, value: float, lo: float, hi: float, lo_open: bool = False) -> None:
+    """Raise ValueError naming ``name`` unless lo <= value <= hi (lo < value if ``lo_open``)."""
     ok = (value > lo if lo_open else value >= lo) and value <= hi and math.isfinite(value)
     if not ok:
         bracket = "(" if lo_open else "["
@@ -150,8 +168,7 @@ class TB(Objective):
 
     def __call__(self, batch, log_z, step=0):
         lz = _as_log_z(log_z, batch)
-        cum, log_pterm, log_r, _ = _masked_inputs(batch)
-        delta = _at_length(cum + log_pterm - log_r, batch) + lz
+        delta = _at_length(_masked_inputs(batch).residuals(), batch) + lz
         loss = batch.xp.mean(delta**2)
         return loss, _diagnostics(loss, lz, delta, None, None)
 
@@ -165,7 +182,7 @@ class SubTB(Objective):
     normalization: Literal["trajectory", "batch"] = "trajectory"
 
     def __post_init__(self) -> None:
-        _check_range("subtb_lambda", self.subtb_lambda, 0.0, math.inf, lo_open=True)
+        check_range("subtb_lambda", self.subtb_lambda, 0.0, math.inf, lo_open=True)
         if self.normalization not in ("trajectory", "batch"):
             raise ValueError(
                 f"normalization: must be 'trajectory' or 'batch', got {self.normalization!r}"
@@ -174,8 +191,7 @@ class SubTB(Objective):
     def __call__(self, batch, log_z, step=0):
         xp = batch.xp
         lz = _as_log_z(log_z, batch)
-        cum, log_pterm, log_r, _ = _masked_inputs(batch)
-        d = cum + log_pterm - log_r
+        d = _masked_inputs(batch).residuals()
         n = batch.max_length + 1
         idx = xp.arange(n, device=device(d))
         span = xp.astype(idx[None, :] - idx[:, None], d.dtype)  # [i, j] = j - i
@@ -215,13 +231,13 @@ class RapTB(Objective):
     absorb: bool = True
 
     def __post_init__(self) -> None:
-        _check_range("eta", self.eta, 0.0, math.inf)
-        _check_range("gamma", self.gamma, 0.0, 1.0, lo_open=True)
-        _check_range("alpha", self.alpha, 0.0, 1.0)
-        _check_range("beta", self.beta, 0.0, math.inf, lo_open=True)
-        _check_range("rho", self.rho, 0.0, math.inf)
-        _check_range("absorb_eps", self.absorb_eps, 0.0, math.inf)
-        _check_range("subtb_lambda", self.subtb_lambda, 0.0, math.inf, lo_open=True)
+        check_range("eta", self.eta, 0.0, math.inf)
+        check_range("gamma", self.gamma, 0.0, 1.0, lo_open=True)
+        check_range("alpha", self.alpha, 0.0, 1.0)
+        check_range("beta", self.beta, 0.0, math.inf, lo_open=True)
+        check_range("rho", self.rho, 0.0, math.inf)
+        check_range("absorb_eps", self.absorb_eps, 0.0, math.inf)
+        check_range("subtb_lambda", self.subtb_lambda, 0.0, math.inf, lo_open=True)
         if self.target not in TARGET_MODES:
             raise ValueError(f"target: must be one of {TARGET_MODES}, got {self.target!r}")
         if self.horizon is not None and (not isinstance(self.horizon, int) or self.horizon < 1):
@@ -240,11 +256,11 @@ class RapTB(Objective):
     def __call__(self, batch, log_z, step=0):
         xp = batch.xp
         lz = _as_log_z(log_z, batch)
-        cum, log_pterm, log_r, u = _masked_inputs(batch)
-        tb = _at_length(cum + log_pterm - log_r, batch) + lz
+        masked = _masked_inputs(batch)
+        tb = _at_length(masked.residuals(), batch) + lz
 
-        pterm_aux = stop_gradient(log_pterm) if self.detach_pterm else log_pterm
-        d_aux = cum + pterm_aux - log_r
+        pterm, u = masked.log_pterm, masked.u
+        d_aux = masked.residuals(stop_gradient(pterm) if self.detach_pterm else pterm)
         rooted = d_aux - d_aux[:, :1]
 
         k_min = max(1, int(schedule_value(self.k_min, step)))
@@ -281,8 +297,7 @@ class _PrefixTBMean(Objective):
     def __call__(self, batch, log_z, step=0):
         xp = batch.xp
         lz = _as_log_z(log_z, batch)
-        cum, log_pterm, log_r, _ = _masked_inputs(batch)
-        delta = cum + log_pterm - log_r + (lz[:, None] if lz.ndim == 1 else lz)
+        delta = _masked_inputs(batch).residuals() + (lz[:, None] if lz.ndim == 1 else lz)
         cols = xp.arange(batch.max_length + 1, device=device(delta))
         length = batch.length[:, None]
         used = ((cols[None, :] >= 1) & (cols[None, :] <= length)) | (
@@ -310,7 +325,7 @@ class RootSubTBLogZ(_PrefixTBMean):
     subtb_lambda: float = 0.9
 
     def __post_init__(self) -> None:
-        _check_range("subtb_lambda", self.subtb_lambda, 0.0, math.inf, lo_open=True)
+        check_range("subtb_lambda", self.subtb_lambda, 0.0, math.inf, lo_open=True)
 
     def _weight_base(self) -> float:
         return float(self.subtb_lambda)
@@ -324,8 +339,7 @@ class VarGrad(Objective):
 
     def partial_residuals(self, batch: PrefixBatch) -> Array:
         """The logZ-free TB residual of each row, C_tau + log_pterm[tau] - log_r[tau], [B]."""
-        cum, log_pterm, log_r, _ = _masked_inputs(batch)
-        return _at_length(cum + log_pterm - log_r, batch)
+        return _at_length(_masked_inputs(batch).residuals(), batch)
 
     def __call__(self, batch, log_z, step=0, *, log_z_hat=None):
         """``log_z_hat``: the estimate held fixed (no gradient), e.g. minus the mean partial

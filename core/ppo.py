@@ -44,7 +44,7 @@ from raptb.core.advantages import (
     masked_whiten,
     token_rewards,
 )
-from raptb.core.objectives import _check_range, stop_gradient
+from raptb.core.objectives import check_range, stop_gradient
 from raptb.core.rl_batch import RLBatch
 
 Array = Any
@@ -70,13 +70,13 @@ class PPO:
     entropy_coef: float = 0.0
 
     def __post_init__(self) -> None:
-        _check_range("cliprange", self.cliprange, 0.0, math.inf)
-        _check_range("cliprange_value", self.cliprange_value, 0.0, math.inf)
-        _check_range("vf_coef", self.vf_coef, 0.0, math.inf)
-        _check_range("kl_coef", self.kl_coef, 0.0, math.inf)
-        _check_range("gamma", self.gamma, 0.0, 1.0)
-        _check_range("lam", self.lam, 0.0, 1.0)
-        _check_range("entropy_coef", self.entropy_coef, 0.0, math.inf)
+        check_range("cliprange", self.cliprange, 0.0, math.inf)
+        check_range("cliprange_value", self.cliprange_value, 0.0, math.inf)
+        check_range("vf_coef", self.vf_coef, 0.0, math.inf)
+        check_range("kl_coef", self.kl_coef, 0.0, math.inf)
+        check_range("gamma", self.gamma, 0.0, 1.0)
+        check_range("lam", self.lam, 0.0, 1.0)
+        check_range("entropy_coef", self.entropy_coef, 0.0, math.inf)
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(
                 f"kl_estimator: must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}"

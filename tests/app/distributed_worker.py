@@ -29,8 +29,10 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from raptb.adapters.registry import task_spec
 from raptb.app.config import build_config
-from raptb.app.distributed import DistContext, combine_micro_batch
-from raptb.app.step import LossResult, Mix, Trajectories, roll_out
+from raptb.app.distributed import DistContext
+from raptb.app.micro_batch import combine_micro_batch
+from raptb.app.mix_schedule import Mix
+from raptb.app.step import LossResult, Trajectories, roll_out
 from raptb.app.step_batch import RowPlan, StepBatch, plan_rows
 from raptb.app.train import Trainer
 from raptb.app.trainers import make_trainer

@@ -8,8 +8,9 @@ import pytest
 from raptb.adapters.expr24 import Expr24Task
 from raptb.adapters.registry import task_spec
 from raptb.adapters.smiles import SmilesTask
-from raptb.app.runtime import PrefixScorer, ScoredRows, build_policy
-from raptb.app.step import replay_items
+from raptb.app.prefix_reward import PrefixScorer, ScoredRows
+from raptb.app.replay_items import replay_items
+from raptb.app.runtime import build_policy
 from raptb.core.ports import Score
 from raptb.core.replay import make_buffer
 

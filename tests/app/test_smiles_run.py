@@ -18,8 +18,9 @@ from raptb.adapters.models import SMOLLM2
 from raptb.adapters.smiles import SmilesTask
 from raptb.app.cli import app
 from raptb.app.config import build_config
+from raptb.app.prefix_reward import PrefixScorer
 from raptb.app.reward_calls import RewardCaller
-from raptb.app.runtime import PrefixScorer, build_policy
+from raptb.app.runtime import build_policy
 from raptb.app.train import Trainer
 from raptb.core.ports import Score
 

@@ -12,19 +12,10 @@ import torch
 from raptb.adapters.expr24 import SCORE_CACHE_LIMIT, Expr24Task
 from raptb.adapters.smiles import SmilesTask
 from raptb.app.config import build_config
-from raptb.app.runtime import (
-    DEFAULT_SCORE_CACHE_SIZE,
-    PrefixScorer,
-    ScoreCache,
-    build_policy,
-    pad_rows,
-)
-from raptb.app.step import (
-    correct_texts,
-    new_items,
-    reward,
-    roll_out,
-)
+from raptb.app.prefix_reward import DEFAULT_SCORE_CACHE_SIZE, PrefixScorer, ScoreCache
+from raptb.app.replay_items import new_items
+from raptb.app.runtime import build_policy, pad_rows
+from raptb.app.step import correct_texts, reward, roll_out
 from raptb.app.step_batch import stored_rows
 from raptb.app.train import Trainer
 from raptb.core.ports import Score

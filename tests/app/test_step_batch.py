@@ -10,8 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from raptb.adapters.expr24 import Expr24Task
-from raptb.app.runtime import PrefixScorer, build_policy, pad_rows
-from raptb.app.step import Mix, new_items, replay_items, reward, roll_out
+from raptb.app.mix_schedule import Mix
+from raptb.app.prefix_reward import PrefixScorer
+from raptb.app.replay_items import new_items, replay_items
+from raptb.app.runtime import build_policy, pad_rows
+from raptb.app.step import reward, roll_out
 from raptb.app.step_batch import (
     ORACLE,
     REPLAYED,

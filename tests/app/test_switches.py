@@ -17,9 +17,11 @@ from raptb.adapters.expr24 import Expr24Task
 from raptb.app import train_command
 from raptb.app.cli import app
 from raptb.app.config import ConfigError, TrainConfig, build_config
+from raptb.app.prefix_reward import PrefixScorer
+from raptb.app.replay_items import new_items
 from raptb.app.reward_schedule import RewardSchedule
-from raptb.app.runtime import PrefixScorer, build_policy
-from raptb.app.step import new_items, reward, roll_out
+from raptb.app.runtime import build_policy
+from raptb.app.step import reward, roll_out
 from raptb.app.step_batch import stored_rows
 from raptb.app.train import TrainResult
 from raptb.app.train_command import kappa_line
