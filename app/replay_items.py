@@ -9,21 +9,24 @@ from typing import Any
 
 import numpy as np
 
-from raptb.adapters.registry import task_spec
+from raptb.adapters.registry import TaskSpec, task_spec
 from raptb.app.prefix_reward import ScoredRows
 from raptb.app.step import Rewards, Trajectories
 from raptb.core.ports import Task, TaskCapabilities
 from raptb.core.replay import ReplayItem
 
 
-def new_items(task: Task, batch: Trajectories, rewards: Rewards) -> list[ReplayItem]:
+def new_items(
+    task: Task, batch: Trajectories, rewards: Rewards, spec: TaskSpec | None = None
+) -> list[ReplayItem]:
     """The on-policy rows of a sampled batch as replay items; their log-rewards include the
-    reference prior when kappa > 0."""
+    reference prior when kappa > 0 (``spec``: as :func:`replay_items`)."""
     if rewards.scores is None or rewards.s_host is None or not batch.on_policy:
         return []
     log_r = rewards.u_host if rewards.prior is None else rewards.log_r.double().cpu().numpy()
     scored = ScoredRows(u=rewards.u_host, scores=rewards.scores, s=rewards.s_host)
-    return replay_items(task, batch.prompt, batch.rows, batch.texts, scored, batch.on_policy, log_r)
+    indices = batch.on_policy
+    return replay_items(task, batch.prompt, batch.rows, batch.texts, scored, indices, log_r, spec)
 
 
 def replay_items(
@@ -34,12 +37,14 @@ def replay_items(
     scored: ScoredRows,
     indices: Iterable[int],
     log_r: np.ndarray,
+    spec: TaskSpec | None = None,
 ) -> list[ReplayItem]:
     """Replay items of rows b in ``indices``: tokens, text, task rewards u and log-rewards
     ``log_r`` (float64 [B, T+1]) cut at tau, the task's replay validity and static score (its
     spec's ``replay_valid`` and ``replay_score``: Expr24 marks correct rows valid, SMILES scores
-    a row by its best prefix), and the task's item features."""
-    spec = task_spec(task.name)
+    a row by its best prefix), and the task's item features. ``spec``: the task's (a trainer
+    passes the one it holds), else looked up by the task's name."""
+    spec = spec or task_spec(task.name)
     items = []
     for b in indices:
         end = len(rows[b]) + 1

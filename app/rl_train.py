@@ -157,7 +157,7 @@ class RLTrainer(Trainer):
         terminal, correct = [], []
         for piece in step.pieces:
             rewards = reward(self.scorer, self.policy, piece, kappa, weights.scale)
-            correct += correct_texts(self.task, piece, rewards)
+            correct += correct_texts(self.task, piece, rewards, self.spec)
             terminal.append(sequence_rewards(rewards, piece.length, cfg.rl.reward))
         return _Rollout(step.pieces, tuple(terminal), correct)
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from raptb.adapters.policy import HFPolicy, to_prefix_batch
-from raptb.adapters.registry import task_spec
+from raptb.adapters.registry import TaskSpec, task_spec
 from raptb.adapters.rollout import RolloutTimings
 from raptb.app.prefix_reward import PrefixScorer
 from raptb.app.runtime import reference_log_prob
@@ -212,12 +212,14 @@ def row_prompts(batches: Iterable[Trajectories]) -> list[str]:
     return [batch.prompt for batch in batches for _ in batch.rows]
 
 
-def correct_texts(task: Task, batch: Trajectories, rewards: Rewards) -> list[str]:
+def correct_texts(
+    task: Task, batch: Trajectories, rewards: Rewards, spec: TaskSpec | None = None
+) -> list[str]:
     """Texts of the on-policy rows that are a success for the task (one per row: Acc counts
-    repeats)."""
+    repeats), by its spec's ``is_correct`` (``spec``: the trainer's, else looked up by name)."""
     if rewards.scores is None:
         return []
-    is_correct = task_spec(task.name).is_correct
+    is_correct = (spec or task_spec(task.name)).is_correct
     return [batch.texts[b] for b in batch.on_policy if is_correct(rewards.scores[b])]
 
 

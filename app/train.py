@@ -40,6 +40,7 @@ from rich.console import Console
 
 from raptb.adapters.lora import is_peft_model
 from raptb.adapters.policy import to_prefix_batch
+from raptb.adapters.registry import task_spec
 from raptb.app.checkpoint import (
     checkpoint_step,
     latest_checkpoint,
@@ -145,6 +146,7 @@ class Trainer:
         random.seed(config.seed)
         torch.manual_seed(config.seed)
         self.task = build_task(config)
+        self.spec = task_spec(config.task)  # travels with the task: no lookups per step
         self.policy = build_policy(
             config.model,
             self.task,
@@ -285,7 +287,9 @@ class Trainer:
             weights.kappa,
         )
         correct = [
-            text for piece, rewards in scored for text in correct_texts(self.task, piece, rewards)
+            text
+            for piece, rewards in scored
+            for text in correct_texts(self.task, piece, rewards, self.spec)
         ]
         agree = self.dist.all_true if self.dist.sharding else None
         batches = [
@@ -315,7 +319,7 @@ class Trainer:
             item
             for piece, rewards in scored
             if replays
-            for item in new_items(self.task, piece, rewards)
+            for item in new_items(self.task, piece, rewards, self.spec)
         ]
         on_policy = sum(len(piece.on_policy) for piece in step.pieces)
         totals = combine_micro_batch(
