@@ -4,7 +4,7 @@ the task's replay validity, static score and item features."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,6 +45,7 @@ def replay_items(
     a row by its best prefix), and the task's item features. ``spec``: the task's (a trainer
     passes the one it holds), else looked up by the task's name."""
     spec = spec or task_spec(task.name)
+    describe = TaskCapabilities.of(task).item_features
     items = []
     for b in indices:
         end = len(rows[b]) + 1
@@ -59,16 +60,17 @@ def replay_items(
                 u=scored.u[b, :end],
                 valid=spec.replay_valid(scored.scores[b]),
                 score=float(prefix_scores.max() if best else prefix_scores[-1]),
-                **_item_extras(task, prompt, texts[b]),
+                **_item_extras(describe, prompt, texts[b]),
             )
         )
     return items
 
 
-def _item_extras(task: Task, prompt: str, text: str) -> dict[str, Any]:
-    """Replay-item ``features`` and ``canonical`` from a task that defines ``item_features``
-    (SMILES: the merged molecule's fingerprint and canonical SMILES); none otherwise."""
-    describe = TaskCapabilities.of(task).item_features
+def _item_extras(
+    describe: Callable[[str, str], Any] | None, prompt: str, text: str
+) -> dict[str, Any]:
+    """Replay-item ``features`` and ``canonical`` from the task's ``item_features`` (SMILES: the
+    merged molecule's fingerprint and canonical SMILES); none for a task without it."""
     if describe is None:
         return {}
     extras = describe(prompt, text)

@@ -59,8 +59,7 @@ def _outcome(score: Score) -> Outcome:
     return ("ok", value, bool(score.valid))
 
 
-def _call(task: Task, prompt: str, text: str, finished: bool = True) -> Outcome:
-    able = TaskCapabilities.of(task)
+def _call(able: TaskCapabilities, prompt: str, text: str, finished: bool = True) -> Outcome:
     score_fn = able.score if finished else able.prefix_score or able.score
     try:
         return _outcome(score_fn(prompt, text))
@@ -71,7 +70,8 @@ def _call(task: Task, prompt: str, text: str, finished: bool = True) -> Outcome:
 def _call_many(task: Task, prompt: str, texts: Sequence[str], finished: bool) -> list[Outcome]:
     """Outcomes of ``texts``: one ``score_batch`` call for finished texts where the task has it
     (one by one when it raises, to count each failure), else one call per text."""
-    batch = TaskCapabilities.of(task).score_batch
+    able = TaskCapabilities.of(task)  # once per call, not per text
+    batch = able.score_batch
     if finished and batch is not None and len(texts) > 1:
         try:
             scores = list(batch(prompt, list(texts)))
@@ -80,7 +80,7 @@ def _call_many(task: Task, prompt: str, texts: Sequence[str], finished: bool) ->
             return [_outcome(score) for score in scores]
         except Exception:  # located text by text below, with the failures counted
             pass
-    return [_call(task, prompt, text, finished) for text in texts]
+    return [_call(able, prompt, text, finished) for text in texts]
 
 
 def _init_worker(task: Task) -> None:
