@@ -1,6 +1,6 @@
 """The ``[rl]`` section of a run's configuration: the reward-maximising baselines PPO and GRPO
-(``--loss ppo|grpo``, app.rl_train) with TRL's names, their defaults read from core's GRPO and PPO
-dataclasses so that each is written once.
+(``--loss ppo|grpo``, app.algorithms.grpo and .ppo) with TRL's names, their defaults read from
+core's GRPO and PPO dataclasses so that each is written once.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from raptb.core.ppo import PPO
 from raptb.core.rl_objectives import RL_OBJECTIVES
 
 RL_LOSSES = tuple(RL_OBJECTIVES)
-"""The reward-maximising baselines (app.rl_train), core.rl_objectives' registry: no logZ, no
-replay, rollouts at ``rl.temperature``."""
+"""The reward-maximising baselines (app.algorithms.grpo and .ppo), core.rl_objectives' registry:
+no logZ, no replay, rollouts at ``rl.temperature``."""
 RL_PRESET: dict[str, Any] = {"replay": {"kind": "none"}}
 """What an RL loss sets under the file and the flags (an explicit replay other than none is an
 error)."""

@@ -56,3 +56,14 @@ def combine_micro_batch(
         items=[item for rank in ranks for item in rank[3]],
         rewards=[value for rank in ranks for value in rank[4]],
     )
+
+
+def step_result(results: list[tuple[int, LossResult]]) -> LossResult:
+    """A step's loss and diagnostics from its micro-batches' (rows, result): means weighted by
+    rows, i.e. over the step's rows for a loss that is a mean over rows."""
+    rows = sum(size for size, _ in results)
+    keys = results[0][1].diagnostics
+    return LossResult(
+        sum(size * r.loss for size, r in results) / rows,
+        {k: sum(size * r.diagnostics[k] for size, r in results) / rows for k in keys},
+    )

@@ -3,10 +3,11 @@
 A checkpoint folder (written through ``app.checkpoint.save_atomically``) holds
 
 - ``model/``: the weights (the LoRA adapter only, with LoRA) and the tokenizer;
-- ``trainer.pt``: the optimizer state, logZ and ``ranks_rng``, every rank's RNG streams
-  (app.distributed.rank_rng_state; one entry for a 1-process run);
+- ``trainer.pt``: the optimizer state and ``ranks_rng``, every rank's RNG streams
+  (app.distributed.rank_rng_state; one entry for a 1-process run), and the algorithm's tensors
+  (the GFlowNet's logZ, PPO's value head);
 - ``state``: step, non-finite counters, the successful texts seen, the shared numpy RNG and the
-  replay buffer.
+  algorithm's entries (the GFlowNet's replay buffer).
 
 Only rank 0 writes; the other ranks wait for it and return the same folder. A sharded policy
 (app.sharding) is gathered whole first, so the files are those of an unsharded run.
@@ -23,28 +24,27 @@ from transformers import AutoModelForCausalLM
 
 from raptb.adapters.lora import is_peft_model, load_adapter_weights
 from raptb.adapters.policy import HFPolicy
+from raptb.app.algorithm import Algorithm
 from raptb.app.checkpoint import read_state, save_atomically, write_state
 from raptb.app.config import TrainConfig
 from raptb.app.distributed import DistContext, rank_rng_state, restore_rank_rng
 from raptb.app.sharding import full_model_state, full_optimizer_state, load_optimizer_state
-from raptb.core.replay import ReplayBuffer
 
 
 class Checkpointed(Protocol):
-    """What a checkpoint saves and restores of a trainer (app.train.Trainer and its RL
-    subclass): its run, weights, optimizer, logZ, counters, RNG streams and replay buffer, plus
-    the state an objective family adds (``extra_state`` / ``load_extra_state``)."""
+    """What a checkpoint saves and restores of a trainer (app.train.Trainer): its run, weights,
+    optimizer, counters and RNG streams, plus what its algorithm adds (app.algorithm:
+    ``extra_state`` into ``trainer.pt``, e.g. the GFlowNet's logZ or PPO's value head;
+    ``run_state`` into ``state``, e.g. the GFlowNet's replay buffer)."""
 
     cfg: TrainConfig
     run_dir: Path
     dist: DistContext
     policy: HFPolicy
     optimizer: torch.optim.Optimizer
-    log_z: torch.nn.Parameter
+    algorithm: Algorithm
     generator: torch.Generator
     rng: np.random.Generator
-    buffer: ReplayBuffer | None
-    oracle: ReplayBuffer | None
     step: int
     nonfinite_in_row: int
     nonfinite_total: int
@@ -52,14 +52,6 @@ class Checkpointed(Protocol):
 
     def warn(self, line: str) -> None:
         """Print a warning line (rank 0)."""
-        ...
-
-    def extra_state(self) -> dict[str, Any]:
-        """Entries the family adds to ``trainer.pt``."""
-        ...
-
-    def load_extra_state(self, saved: dict[str, Any]) -> None:
-        """Restore what ``extra_state`` saved (``saved`` is the whole ``trainer.pt``)."""
         ...
 
 
@@ -79,9 +71,8 @@ def save_trainer_state(trainer: Checkpointed) -> Path:
         torch.save(
             {
                 "optimizer": trainer.optimizer.state_dict() if optimizer is None else optimizer,
-                "log_z": trainer.log_z.detach().clone(),
                 "ranks_rng": ranks_rng,
-                **trainer.extra_state(),
+                **trainer.algorithm.extra_state(),
             },
             folder / "trainer.pt",
         )
@@ -93,7 +84,7 @@ def save_trainer_state(trainer: Checkpointed) -> Path:
                 "nonfinite_total": trainer.nonfinite_total,
                 "correct_seen": sorted(trainer.correct_seen),
                 "numpy_rng": trainer.rng.bit_generator.state,
-                "buffer": None if trainer.buffer is None else trainer.buffer.state_dict(),
+                **trainer.algorithm.run_state(),
             },
         )
 
@@ -119,13 +110,12 @@ def load_trainer_state(trainer: Checkpointed, folder: Path) -> None:
     policy, its shards of the optimizer states; another world size than the writer's continues
     with one warning)."""
     saved = torch.load(folder / "trainer.pt", weights_only=True)
-    with torch.no_grad():
-        trainer.log_z.copy_(saved["log_z"])
+    optimizer = _without_unused_log_z(saved, trainer)
     if trainer.dist.sharding is None:
-        trainer.optimizer.load_state_dict(saved["optimizer"])
+        trainer.optimizer.load_state_dict(optimizer)
     else:
-        load_optimizer_state(trainer.optimizer, saved["optimizer"])
-    trainer.load_extra_state(saved)
+        load_optimizer_state(trainer.optimizer, optimizer)
+    trainer.algorithm.load_extra_state(saved)
     state = read_state(folder)
     trainer.step = int(state["step"])
     restore_rank_rng(
@@ -140,5 +130,26 @@ def load_trainer_state(trainer: Checkpointed, folder: Path) -> None:
     trainer.nonfinite_total = int(state["nonfinite_total"])
     trainer.correct_seen = set(state["correct_seen"])
     trainer.rng.bit_generator.state = state["numpy_rng"]
-    if trainer.buffer is not None and trainer.oracle is None and state["buffer"] is not None:
-        trainer.buffer.load_state_dict(state["buffer"])
+    trainer.algorithm.load_run_state(state)
+
+
+def _without_unused_log_z(saved: dict[str, Any], trainer: Checkpointed) -> dict[str, Any]:
+    """The optimizer state of ``saved`` as ``trainer``'s optimizer takes it. A GRPO or PPO run
+    checkpointed before the algorithms had their own classes kept an untrained logZ as the second
+    parameter group (and ``log_z`` in ``trainer.pt``); for an algorithm without logZ that group is
+    dropped and the later parameters renumbered, so such a run resumes exactly."""
+    state = saved["optimizer"]
+    groups = state["param_groups"]
+    if "log_z" in trainer.algorithm.extra_state() or "log_z" not in saved:
+        return state
+    if len(groups) != len(trainer.optimizer.param_groups) + 1 or len(groups[1]["params"]) != 1:
+        return state  # not that layout: load_state_dict names the mismatch
+    kept = [group for i, group in enumerate(groups) if i != 1]
+    order = [index for group in kept for index in group["params"]]
+    renumber = {old: new for new, old in enumerate(order)}
+    return {
+        "state": {renumber[k]: v for k, v in state["state"].items() if k in renumber},
+        "param_groups": [
+            {**group, "params": [renumber[i] for i in group["params"]]} for group in kept
+        ],
+    }

@@ -1,19 +1,20 @@
-"""The trainer of any run: ``make_trainer`` picks the class that trains ``config.loss``.
+"""The trainer of any run: ``make_trainer`` (``raptb train`` and ``raptb.make_trainer``).
 
-``Trainer`` (app.train) trains the GFlowNet objectives (with logZ, replay and the behaviour
-mix); ``RLTrainer`` (app.rl_train) the reward-maximising baselines grpo and ppo on the same
-loop. ``raptb train`` and ``raptb.make_trainer`` go through here.
+``Trainer`` (app.train) trains every ``loss``: its loop runs the algorithm the loss names (the
+GFlowNet objectives, GRPO, PPO; app.algorithms). ``RLTrainer`` is kept as a deprecated name for
+it (it was the RL baselines' subclass).
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
-from raptb.app.config import RL_LOSSES, TrainConfig
+from raptb.app.config import TrainConfig
 from raptb.app.distributed import DistContext
-from raptb.app.rl_train import RLTrainer
 from raptb.app.train import Trainer
 
 
@@ -26,6 +27,17 @@ def make_trainer(
     console: Console | None = None,
     dist: DistContext | None = None,
 ) -> Trainer:
-    """The trainer of ``config.loss``: ``RLTrainer`` for grpo and ppo, else ``Trainer``."""
-    cls = RLTrainer if config.loss in RL_LOSSES else Trainer
-    return cls(config, run_dir, resume=resume, progress=progress, console=console, dist=dist)
+    """The trainer of ``config``, whatever its ``loss`` (a ``Trainer``)."""
+    return Trainer(config, run_dir, resume=resume, progress=progress, console=console, dist=dist)
+
+
+class RLTrainer(Trainer):
+    """Deprecated: ``Trainer`` trains grpo and ppo itself."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        warnings.warn(
+            "RLTrainer is deprecated: Trainer trains every loss, grpo and ppo included",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        super().__init__(*args, **kwargs)

@@ -198,7 +198,7 @@ def timed_optimizer_step(trainer: Trainer, rollouts: int = 1) -> tuple[dict[str,
     trainer.optimizer.zero_grad(set_to_none=True)
     _sync()
     step_start = time.perf_counter()
-    own, prompts = trainer._step_rows()
+    own, prompts = trainer.step_rows()
     plan = plan_rows(prompts, ON_POLICY, buffer=None, oracle=None, rng=trainer.rng)
     chunk = len(own) // rollouts
     with timed_policy(policy) as (score, ref):
@@ -221,14 +221,21 @@ def timed_optimizer_step(trainer: Trainer, rollouts: int = 1) -> tuple[dict[str,
                 (scored[i][0].take(rows), scored[i][1].take(rows)) for i, rows in batch_parts
             ]
             result = loss_step(
-                policy, trainer.objective, trainer.log_z, loss_parts, trainer.step, 1 / len(batches)
+                policy,
+                trainer.algorithm.objective,
+                trainer.algorithm.log_z,
+                loss_parts,
+                trainer.step,
+                1 / len(batches),
             )
             if result is None:
                 raise RuntimeError("non-finite loss")
         _sync()
         t_loss = time.perf_counter()
-        if trainer.buffer is not None:
-            trainer.buffer.add([item for p, r in scored for item in new_items(task, p, r)])
+        if trainer.algorithm.buffer is not None:
+            trainer.algorithm.buffer.add(
+                [item for p, r in scored for item in new_items(task, p, r)]
+            )
         end = time.perf_counter()
     grammar = sum(step.timings.grammar_s for step in steps if step.timings is not None)
     generated = sum(len(row) for piece in pieces for row in piece.rows)
@@ -388,12 +395,17 @@ def micro_batch_main(args: argparse.Namespace) -> None:
         rewards = reward(trainer.scorer, policy, batch, cfg.reward.kappa)
         t_reward = time.perf_counter()
         result = loss_step(
-            policy, trainer.objective, trainer.log_z, [(batch, rewards)], trainer.step, 1.0
+            policy,
+            trainer.algorithm.objective,
+            trainer.algorithm.log_z,
+            [(batch, rewards)],
+            trainer.step,
+            1.0,
         )
         assert result is not None, "non-finite loss"
         t_loss = time.perf_counter()
-        if trainer.buffer is not None:
-            trainer.buffer.add(new_items(task, batch, rewards))
+        if trainer.algorithm.buffer is not None:
+            trainer.algorithm.buffer.add(new_items(task, batch, rewards))
         end = time.perf_counter()
         assert batch.timings is not None  # an on-policy batch is a rollout
         model_s, grammar_s = batch.timings.model_s, batch.timings.grammar_s

@@ -5,8 +5,8 @@ The stable names are re-exported here and imported on first use (PEP 562), so th
 
     from raptb import objective_by_name, PrefixBatch, subm_select, make_trainer, Trainer
 
-``make_trainer(config, run_dir)`` trains any ``loss``: ``Trainer`` (the GFlowNet objectives)
-or ``RLTrainer`` (grpo, ppo).
+``Trainer(config, run_dir)`` and ``make_trainer(config, run_dir)`` train any ``loss`` (the
+GFlowNet objectives, grpo, ppo; ``RLTrainer`` is a deprecated name for ``Trainer``).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ _EXPORTS = {
     "TrainConfig": "raptb.app.config",
     "build_config": "raptb.app.config",
     "Trainer": "raptb.app.train",
-    "RLTrainer": "raptb.app.rl_train",
+    "RLTrainer": "raptb.app.trainers",
     "make_trainer": "raptb.app.trainers",
     "evaluate": "raptb.app.evaluate",
 }

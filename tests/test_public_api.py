@@ -47,14 +47,15 @@ def test_core_names_load_no_framework():
 
 
 @pytest.mark.parametrize("loss", ["grpo", "ppo", "raptb"])
-def test_make_trainer_trains_any_loss_and_trainer_names_it_for_rl(tmp_path, loss):
+def test_trainer_and_make_trainer_train_any_loss(tmp_path, loss):
     small = {"optim.batch_size": 8, "optim.grad_accum": 1, "threads": 1, "steps": 2}
     config = raptb.build_config(overrides={"loss": loss, **small})
-    trainer = raptb.make_trainer(config, tmp_path / "run", progress=False)
-    assert isinstance(trainer, raptb.RLTrainer if loss != "raptb" else raptb.Trainer)
-    assert trainer.train().step == 2
-    if loss != "raptb":
-        from raptb.app.train import TrainingError
-
-        with pytest.raises(TrainingError, match=rf"loss '{loss}' is an RL baseline.*make_trainer"):
-            raptb.Trainer(config, tmp_path / "direct", progress=False)
+    direct = raptb.Trainer(config, tmp_path / "direct", progress=False)
+    assert direct.train().step == 2
+    made = raptb.make_trainer(config, tmp_path / "made", progress=False)
+    assert type(made) is raptb.Trainer and made.train().step == 2
+    assert (tmp_path / "direct" / "metrics.jsonl").read_text().count("\n") == 2
+    if loss != "raptb":  # the deprecated name still trains
+        with pytest.warns(DeprecationWarning, match="Trainer trains every loss"):
+            old = raptb.RLTrainer(config, tmp_path / "old", progress=False)
+        assert isinstance(old, raptb.Trainer)

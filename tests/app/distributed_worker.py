@@ -135,7 +135,7 @@ def equivalence(
     def fixed_collect() -> StepBatch:
         # the step's global rows, sampled from a seed that depends only on the step
         generator = torch.Generator(device=trainer.policy.device).manual_seed(1000 + trainer.step)
-        own, prompts = trainer._step_rows()
+        own, prompts = trainer.step_rows()
         full = roll_out(trainer.policy, trainer.task, prompts[0], len(prompts), 1.0, generator)
         part = slice(own.start, own.stop)
         piece = Trajectories(
@@ -167,14 +167,14 @@ def equivalence(
 
     def recording_step(*args, **kwargs):
         grads.update({k: _whole(p.grad) for k, p in named.items() if p.grad is not None})
-        grads["log_z"] = trainer.log_z.grad.detach().clone()
+        grads["log_z"] = trainer.algorithm.log_z.grad.detach().clone()
         return step(*args, **kwargs)
 
-    trainer._collect = fixed_collect
+    trainer.algorithm._collect = fixed_collect
     trainer.optimizer.step = recording_step
     trainer.train()
     params = {k: _whole(p) for k, p in named.items()}
-    params["log_z"] = trainer.log_z.detach().clone()
+    params["log_z"] = trainer.algorithm.log_z.detach().clone()
     torch.save({"grads": grads, "params": params}, out / f"rank{ctx.rank}.pt")
 
 
@@ -262,7 +262,7 @@ def nonfinite_on_one_rank(out: Path, loss: str) -> None:
     config = build_config(overrides=overrides)
     trainer = make_trainer(config, out / "run", progress=False, dist=ctx)
     calls: list[int] = []
-    base = type(trainer.objective)
+    base = type(trainer.algorithm.objective)
 
     def poisoned(self: Any, *args: Any, **kwargs: Any) -> Any:
         value, diagnostics = base.__call__(self, *args, **kwargs)
@@ -270,8 +270,11 @@ def nonfinite_on_one_rank(out: Path, loss: str) -> None:
         return (value * float("nan") if ctx.rank == 1 and len(calls) == 1 else value), diagnostics
 
     # the same objective (its type decides which inputs the trainer prepares), NaN once on rank 1
-    values = {f.name: getattr(trainer.objective, f.name) for f in fields(trainer.objective)}
-    trainer.objective = type("Poisoned", (base,), {"__call__": poisoned})(**values)
+    values = {
+        f.name: getattr(trainer.algorithm.objective, f.name)
+        for f in fields(trainer.algorithm.objective)
+    }
+    trainer.algorithm.objective = type("Poisoned", (base,), {"__call__": poisoned})(**values)
     trainer.train()
 
 
@@ -284,14 +287,14 @@ def rl_logging(out: Path, loss: str) -> None:
     overrides |= {"rl.num_generations": 2}
     trainer = make_trainer(build_config(overrides=overrides), out / "run", progress=False, dist=ctx)
     own: list[dict[str, Any]] = []
-    roll_out_alone = trainer._roll_out
+    roll_out_alone = trainer.algorithm._roll_out
 
     def recording() -> Any:
         rollout = roll_out_alone()
         own.append({"step": trainer.step, "correct": rollout.correct, "rewards": rollout.rewards})
         return rollout
 
-    trainer._roll_out = recording
+    trainer.algorithm._roll_out = recording
     trainer.train()
     found = {"own": own, "seen": sorted(trainer.correct_seen)}
     (out / f"rank{ctx.rank}.json").write_text(json.dumps(found))

@@ -1,4 +1,4 @@
-"""GRPO over an optimizer step as TRL's over one generation batch (app.rl_train ``_grpo_step``).
+"""GRPO over an optimizer step as TRL's over one generation batch (app.algorithms.grpo).
 
 On one fixed rollout of 32 rows, 4 prompts of 8, whose answer lengths and reward scales depend
 on the prompt (the case where per-micro-batch normalisation differs most), the step's gradient
@@ -26,8 +26,9 @@ import numpy as np
 import pytest
 import torch
 
-from raptb.app.rl_train import RLTrainer, _Rollout
+from raptb.app.algorithms.rl_rollout import Rollout
 from raptb.app.step import Trajectories
+from raptb.app.train import Trainer
 from raptb.app.trainers import make_trainer
 from raptb.core.rl_batch import action_log_probs
 from tests.app.test_train import small_config
@@ -36,7 +37,7 @@ PROMPTS = ("Expr24:", "Make 24 from four digits:", "24?", "Find 24 with + - * /:
 ROWS = 8  # per prompt; the step holds 4 x 8 = 32 rows
 
 
-def fixed_rollout(trainer: RLTrainer) -> _Rollout:
+def fixed_rollout(trainer: Trainer) -> Rollout:
     """4 prompts x 8 rows of random legal tokens, the prompt setting the answer length (prompt k:
     about 2k + 1 tokens) and the reward scale ((k + 1)^2)."""
     rng = np.random.default_rng(0)
@@ -62,17 +63,17 @@ def fixed_rollout(trainer: RLTrainer) -> _Rollout:
             )
         )
         terminal.append(torch.tensor(rng.normal(size=ROWS) * (k + 1) ** 2, dtype=torch.float32))
-    return _Rollout(tuple(pieces), tuple(terminal), [])
+    return Rollout(tuple(pieces), tuple(terminal), [])
 
 
-def step_gradient(trainer: RLTrainer, rollout: _Rollout, batch_size: int) -> list[torch.Tensor]:
+def step_gradient(trainer: Trainer, rollout: Rollout, batch_size: int) -> list[torch.Tensor]:
     """The gradients the trainer's GRPO step applies, on ``rollout`` in micro-batches of
     ``batch_size`` rows (the optimizer step itself left out, so the weights stay)."""
     grads: list[torch.Tensor] = []
     params = [p for p in trainer.policy.model.parameters() if p.requires_grad]
     trainer.rank_batch = batch_size
-    trainer._roll_out = lambda: rollout
-    trainer._apply_gradients = lambda: grads.extend(p.grad.detach().clone() for p in params)
+    trainer.algorithm._roll_out = lambda: rollout
+    trainer.apply_gradients = lambda: grads.extend(p.grad.detach().clone() for p in params)
     assert trainer._optimizer_step() is not None
     return grads
 
@@ -131,11 +132,11 @@ def trl_loss(
 
 
 def trl_gradient(
-    trainer: RLTrainer, rollout: _Rollout, grad_accum: int, scale_rewards: str
+    trainer: Trainer, rollout: Rollout, grad_accum: int, scale_rewards: str
 ) -> list[torch.Tensor]:
     """The model gradient of TRL's step loss: d loss / d logp in float64 (the transcription),
     pushed through the model's own log-probs of the same actions."""
-    objective = trainer.objective
+    objective = trainer.algorithm.objective
     parts = []
     for piece in rollout.pieces:
         log_pf, log_pterm = trainer.policy.score(piece.prompt, piece.tokens, piece.length)
@@ -160,7 +161,7 @@ def trl_gradient(
     return list(torch.autograd.grad((d_logps.float() * logps).sum(), params))
 
 
-def make(tmp_path: Path, loss_type: str, scale_rewards: str) -> RLTrainer:
+def make(tmp_path: Path, loss_type: str, scale_rewards: str) -> Trainer:
     config = small_config(
         loss="grpo",
         steps=1,

@@ -11,14 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-import raptb.app.rl_train as rl_train
+import raptb.app.algorithms.rl_rollout as rl_rollout
+from raptb.app.algorithms.rl_rollout import RLStats, rl_record
 from raptb.app.cli import app
 from raptb.app.config import ConfigError, build_config
+from raptb.app.micro_batch import step_result
 from raptb.app.ppo_update import PPORollout, mini_batches, step_targets
 from raptb.app.rl_step import rl_loss_step
-from raptb.app.rl_train import RLTrainer, _RLStats
 from raptb.app.step import Trajectories
-from raptb.app.train import TrainingError, step_result
+from raptb.app.train import Trainer, TrainingError
 from raptb.app.trainers import make_trainer
 from raptb.core.ppo import PPO
 from tests.app.test_train import records, small_config
@@ -27,32 +28,33 @@ from tests.core import rl_reference as ref
 ONE_PASS = {"optim.grad_accum": 1, "rl.num_ppo_epochs": 1}
 
 
-class _SinglePass(RLTrainer):
+class _SinglePass(Trainer):
     """PPO before the update schedule: each micro-batch scored once with gradients, the old
     log-probs and values its own detached, gradients accumulated into one optimizer step."""
 
     def _optimizer_step(self):
+        ppo = self.algorithm
         self.policy.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        rollout = self._roll_out()
+        rollout = ppo._roll_out()
         batches = rollout.micro_batches(self.rank_batch)
         results = []
         for parts in batches:
             result = rl_loss_step(
-                self.policy, self.objective, parts, 1 / len(batches), value_head=self.value_head
+                self.policy, ppo.objective, parts, 1 / len(batches), value_head=ppo.value_head
             )
             results.append((sum(len(b.rows) for b, _ in parts), result))
         self.correct_seen.update(rollout.correct)
-        self._apply_gradients()
+        self.apply_gradients()
         total = step_result(results)
-        stats = _RLStats(
+        stats = RLStats(
             total.loss, total.diagnostics, rollout.on_policy, len(rollout.correct), rollout.rewards
         )
-        return self._record([stats], [stats], 0.0)
+        return rl_record(self, [stats], [stats], 0.0)
 
 
-def _state(trainer: RLTrainer) -> dict[str, torch.Tensor]:
-    head = {f"value_head.{k}": v for k, v in trainer.value_head.state_dict().items()}
+def _state(trainer: Trainer) -> dict[str, torch.Tensor]:
+    head = {f"value_head.{k}": v for k, v in trainer.algorithm.value_head.state_dict().items()}
     return {**trainer.policy.model.state_dict(), **head}
 
 
@@ -65,7 +67,7 @@ def test_one_epoch_one_mini_batch_is_the_single_pass_step(tmp_path, grad_accum):
         # the single pass whitens each micro-batch's advantages, the schedule the whole step's:
         # without whitening the two must agree, micro-batch offsets and weights included
         unwhitened = PPO(**{**cfg.rl_objective_kwargs(), "whiten_advantages": False})
-        scheduled.objective = single.objective = unwhitened
+        scheduled.algorithm.objective = single.algorithm.objective = unwhitened
     scheduled.train()
     single.train()
     a, b = _state(scheduled), _state(single)
@@ -77,7 +79,7 @@ def test_one_epoch_one_mini_batch_is_the_single_pass_step(tmp_path, grad_accum):
     assert all(r["ppo_updates"] == 1 and r["ratio_mean"] == 1.0 for r in records(tmp_path / "a"))
 
 
-def _hand_log_probs(trainer: RLTrainer, batch: Trajectories) -> list[torch.Tensor]:
+def _hand_log_probs(trainer: Trainer, batch: Trajectories) -> list[torch.Tensor]:
     """Per row, the action log-probs (tokens then the stop) under the current weights, at the
     rollout's temperature (the one PPO scores at: tests/app/test_rl_temperature.py)."""
     with torch.no_grad():
@@ -111,10 +113,10 @@ def test_second_epoch_ratio_is_that_of_the_updated_policy(tmp_path, monkeypatch)
         apply()
         weights.append({k: v.clone() for k, v in trainer.policy.model.state_dict().items()})
 
-    collect_step, ppo_call, apply = rl_train.collect_step, PPO.__call__, trainer._apply_gradients
-    monkeypatch.setattr(rl_train, "collect_step", rolling)
+    collect_step, ppo_call, apply = rl_rollout.collect_step, PPO.__call__, trainer.apply_gradients
+    monkeypatch.setattr(rl_rollout, "collect_step", rolling)
     monkeypatch.setattr(PPO, "__call__", spying)
-    trainer._apply_gradients = stepping
+    trainer.apply_gradients = stepping
     trainer.train()
 
     assert len(weights) == 3 and len(seen) == 2  # 2 epochs x 1 mini-batch: 2 optimizer steps
@@ -152,9 +154,9 @@ def test_one_optimizer_step_per_mini_batch(tmp_path, monkeypatch):
         rows.clear()
         apply()
 
-    ppo_call, apply = PPO.__call__, trainer._apply_gradients
+    ppo_call, apply = PPO.__call__, trainer.apply_gradients
     monkeypatch.setattr(PPO, "__call__", spying)
-    trainer._apply_gradients = stepping
+    trainer.apply_gradients = stepping
     trainer.train()
     assert per_step == [8] * 8  # 2 logged steps x 2 epochs x 2 mini-batches of 16 / 2 rows
     assert [r["ppo_updates"] for r in records(tmp_path)] == [4, 4]

@@ -36,7 +36,7 @@ def toy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert trainer.task.max_length == 3  # built by the spec from the [toy] section
     assert trainer.cfg.reward.reward_scale == 5.0  # the spec's preset
     trainer.train()
-    assert len(trainer.buffer) > 0 and trainer.buffer.config()["shingle_k"] == 1
+    assert len(trainer.algorithm.buffer) > 0 and trainer.algorithm.buffer.config()["shingle_k"] == 1
     return run
 
 
@@ -61,7 +61,7 @@ def test_an_enumerable_registered_task_gets_oracle_replay_and_enumerate(tmp_path
         | {"optim.batch_size": 4, "optim.grad_accum": 1}
     )
     trainer = Trainer(cfg, tmp_path / "run", progress=False)
-    assert sorted(it.text for it in trainer.oracle.items()) == ["a", "aa", "aaa", "aaaa"]
+    assert sorted(it.text for it in trainer.algorithm.oracle.items()) == ["a", "aa", "aaa", "aaaa"]
     out = CliRunner().invoke(app, ["enumerate", "toy", "--json"])
     assert out.exit_code == 0, out.output
     assert json.loads(out.output) == {

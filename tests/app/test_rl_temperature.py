@@ -10,12 +10,12 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-import raptb.app.rl_train as rl_train
+import raptb.app.algorithms.rl_rollout as rl_rollout
 from raptb.app.config import ConfigError, build_config
 from raptb.app.config_reference import default_text
-from raptb.app.rl_train import RLTrainer
 from raptb.app.step import Trajectories
 from raptb.app.step_batch import StepBatch
+from raptb.app.train import Trainer
 from raptb.app.trainers import make_trainer
 from raptb.core.grpo import GRPO
 from raptb.core.ppo import PPO
@@ -36,7 +36,7 @@ def test_default_temperature_is_trl_per_method():
 
 
 def _trl_log_probs(
-    model: PreTrainedModel, trainer: RLTrainer, batch: Trajectories, temperature: float
+    model: PreTrainedModel, trainer: Trainer, batch: Trajectories, temperature: float
 ) -> list[torch.Tensor]:
     """Per row, the log-probs of its response (its tokens, then the stop token) as TRL computes
     them, in float64 from the model's logits:
@@ -97,8 +97,8 @@ def test_rollout_and_log_probs_are_at_the_sampling_temperature(
         return call(self, batch, *rest, **options)
 
     objective = PPO if loss == "ppo" else GRPO
-    collect_step, call = rl_train.collect_step, objective.__call__
-    monkeypatch.setattr(rl_train, "collect_step", rolling)
+    collect_step, call = rl_rollout.collect_step, objective.__call__
+    monkeypatch.setattr(rl_rollout, "collect_step", rolling)
     monkeypatch.setattr(objective, "__call__", spying)
     trainer.train()
 

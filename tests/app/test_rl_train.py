@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import math
+import shutil
 
 import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
 
+from raptb.app.algorithms.grpo import GRPOAlgorithm
+from raptb.app.algorithms.ppo import PPOAlgorithm
+from raptb.app.checkpoint import _seal as seal
 from raptb.app.cli import app
 from raptb.app.config import CISPO_EPSILON_HIGH, ConfigError, build_config
 from raptb.app.rl_step import rl_loss_step, sequence_rewards
-from raptb.app.rl_train import RLTrainer
 from raptb.app.step import Rewards, roll_out
+from raptb.app.train import Trainer
 from raptb.app.trainers import make_trainer
 from raptb.core.grpo import GRPO
 from raptb.core.ppo import PPO
@@ -34,9 +38,13 @@ def test_rl_losses_train(tmp_path, loss, extra):
     # row of the two steps is correct, so every GRPO advantage is 0 and nothing would move
     config = small_config(loss=loss, steps=2, seed=1, **extra)
     trainer = make_trainer(config, tmp_path, progress=False)
-    assert isinstance(trainer, RLTrainer) and trainer.buffer is None
+    family = PPOAlgorithm if loss == "ppo" else GRPOAlgorithm
+    assert isinstance(trainer, Trainer) and isinstance(trainer.algorithm, family)
+    # no logZ, no buffer: the optimizer holds the policy (and PPO's value head) only
+    assert not hasattr(trainer.algorithm, "log_z") and not hasattr(trainer.algorithm, "buffer")
+    groups = trainer.optimizer.param_groups
+    assert len(groups) == (2 if loss == "ppo" else 1)
     before = weights(trainer)
-    log_z = float(trainer.log_z.detach())
     result = trainer.train()
     assert result.step == 2
     logged = records(tmp_path)
@@ -47,16 +55,16 @@ def test_rl_losses_train(tmp_path, loss, extra):
         assert 0 <= r["acc"] <= 1
     after = trainer.policy.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
-    assert float(trainer.log_z.detach()) == log_z  # no logZ in RL
+    assert "log_z" not in torch.load(result.checkpoint / "trainer.pt", weights_only=True)
     kl_on = loss == "ppo" or "rl.beta" in extra
     assert all((r["kl"] is not None) == kl_on for r in logged)
     if loss == "ppo":
         assert all(math.isfinite(r["value_loss"]) for r in logged)
         saved = torch.load(result.checkpoint / "trainer.pt", weights_only=True)
-        head = trainer.value_head.state_dict()
+        head = trainer.algorithm.value_head.state_dict()
         assert all(torch.equal(saved["value_head"][k], head[k]) for k in head)
     else:
-        assert trainer.value_head is None
+        assert not hasattr(trainer.algorithm, "value_head")
 
 
 @pytest.mark.parametrize(
@@ -74,7 +82,10 @@ def test_resume_equals_uninterrupted_rl_run(tmp_path, loss, extra):
     a, b = straight.policy.model.state_dict(), resumed.policy.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     if loss == "ppo":
-        va, vb = straight.value_head.state_dict(), resumed.value_head.state_dict()
+        va, vb = (
+            straight.algorithm.value_head.state_dict(),
+            resumed.algorithm.value_head.state_dict(),
+        )
         assert all(torch.equal(va[k], vb[k]) for k in va)
     drop = ("seconds",)
     ra = [{k: v for k, v in r.items() if k not in drop} for r in records(tmp_path / "a")]
@@ -82,7 +93,7 @@ def test_resume_equals_uninterrupted_rl_run(tmp_path, loss, extra):
     assert ra == rb
 
 
-def _fixed_batch(trainer: RLTrainer, terminal: list[float]):
+def _fixed_batch(trainer: Trainer, terminal: list[float]):
     """A rollout of the trainer's policy with known terminal rewards u_tau (0 elsewhere)."""
     generator = torch.Generator().manual_seed(3)
     prompt = trainer.task.prompts()[0]
@@ -93,7 +104,7 @@ def _fixed_batch(trainer: RLTrainer, terminal: list[float]):
     return batch, rewards
 
 
-def _sequence_log_probs(trainer: RLTrainer, batch) -> list[torch.Tensor]:
+def _sequence_log_probs(trainer: Trainer, batch) -> list[torch.Tensor]:
     """log pi(x) per row, by hand: sum of the token log-probs then the stop's, row by row."""
     log_pf, log_pterm = trainer.policy.score(batch.prompt, batch.tokens, batch.length)
     out = []
@@ -102,7 +113,7 @@ def _sequence_log_probs(trainer: RLTrainer, batch) -> list[torch.Tensor]:
     return out
 
 
-def _param_grads(trainer: RLTrainer) -> list[torch.Tensor]:
+def _param_grads(trainer: Trainer) -> list[torch.Tensor]:
     return [p.grad.clone() for p in trainer.policy.model.parameters() if p.grad is not None]
 
 
@@ -116,7 +127,7 @@ def test_group_advantage_wiring_matches_hand_computed_grpo(tmp_path):
     assert picked.tolist() == terminal
 
     trainer.optimizer.zero_grad(set_to_none=True)
-    result = rl_loss_step(trainer.policy, trainer.objective, [(batch, picked)], 1.0)
+    result = rl_loss_step(trainer.policy, trainer.algorithm.objective, [(batch, picked)], 1.0)
     trainer_grads = _param_grads(trainer)
     assert trainer_grads and any(bool(g.abs().sum() > 0) for g in trainer_grads)
 
@@ -151,12 +162,16 @@ def test_ppo_wiring_uses_the_value_head_and_terminal_reward(tmp_path):
     cfg = small_config(loss="ppo", steps=1, **{"rl.kl_coef": 0.0, "rl.lam": 1.0})
     trainer = make_trainer(cfg, tmp_path, progress=False)
     trainer.policy.model.eval()
-    trainer.value_head.eval()
+    trainer.algorithm.value_head.eval()
     terminal = [50.0, 0.0, 5.0, 0.0, 0.0, 0.0, 1.0, 0.0]
     batch, rewards = _fixed_batch(trainer, terminal)
     picked = sequence_rewards(rewards, batch.length, "task")
     result = rl_loss_step(
-        trainer.policy, trainer.objective, [(batch, picked)], 1.0, value_head=trainer.value_head
+        trainer.policy,
+        trainer.algorithm.objective,
+        [(batch, picked)],
+        1.0,
+        value_head=trainer.algorithm.value_head,
     )
     # independent: with gamma = lam = 1 the GAE return at every state t <= tau is R_b (no KL
     # term), so the
@@ -165,12 +180,12 @@ def test_ppo_wiring_uses_the_value_head_and_terminal_reward(tmp_path):
     p = len(trainer.policy.prompt_ids(batch.prompt))
     squares = []
     for b, tau in enumerate(batch.length.tolist()):
-        values = trainer.value_head(hidden[b, p - 1 : p + tau])
+        values = trainer.algorithm.value_head(hidden[b, p - 1 : p + tau])
         squares.extend(((values - terminal[b]) ** 2).tolist())
     assert result.diagnostics["value_loss"] == pytest.approx(0.5 * np.mean(squares), rel=1e-5)
     assert result.diagnostics["kl"] != result.diagnostics["kl"]  # nan: no reference evaluated
-    assert isinstance(trainer.objective, PPO) and trainer.objective.gamma == 1.0
-    assert trainer.objective.lam == 1.0
+    assert isinstance(trainer.algorithm.objective, PPO) and trainer.algorithm.objective.gamma == 1.0
+    assert trainer.algorithm.objective.lam == 1.0
 
 
 def test_rl_config_defaults_and_errors(tmp_path):
@@ -213,7 +228,7 @@ def test_smiles_grpo_smoke(tmp_path):
 
 def test_rl_rewards_follow_the_reward_schedules(tmp_path, monkeypatch):
     # lambda 5 -> 20 and T_R 2 -> 1 over 3 steps: step t's task reward weight is lambda(t) / T_R(t)
-    import raptb.app.rl_train as rl_train
+    import raptb.app.algorithms.rl_rollout as rl_rollout
 
     seen: list[float] = []
 
@@ -221,8 +236,8 @@ def test_rl_rewards_follow_the_reward_schedules(tmp_path, monkeypatch):
         seen.append(scale)
         return reward_stage(scorer, policy, batch, kappa, scale, rescore)
 
-    reward_stage = rl_train.reward
-    monkeypatch.setattr(rl_train, "reward", recording)
+    reward_stage = rl_rollout.reward
+    monkeypatch.setattr(rl_rollout, "reward", recording)
     extra = {"reward.reward_scale_end": 20.0, "reward.temperature": 2.0}
     extra |= {"reward.reward_scale": 5.0, "reward.temperature_end": 1.0}
     cfg = small_config(loss="grpo", steps=3, **extra)
@@ -252,3 +267,34 @@ def test_a_frozen_reference_copy_is_taken_only_when_read(tmp_path, loss, over, c
     config = small_config(loss=loss, **{"reward.kappa": 1.0, **over})
     trainer = make_trainer(config, tmp_path, progress=False)
     assert (trainer.policy.reference_copy is not None) == copied
+
+
+@pytest.mark.parametrize("loss", ["grpo", "ppo"])
+def test_a_checkpoint_with_the_former_unused_log_z_group_resumes_exactly(tmp_path, loss):
+    """RL checkpoints written before the algorithms had their own classes held an untrained logZ
+    as the optimizer's second group and ``log_z`` in trainer.pt: they resume as if without it."""
+    cfg = small_config(loss=loss, steps=4, checkpoint_every=2, **{"rl.num_ppo_epochs": 2})
+    make_trainer(cfg, tmp_path / "a", progress=False).train(stop_at=2)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    pt = tmp_path / "b" / "checkpoints" / "step-000002" / "trainer.pt"
+    saved = torch.load(pt, weights_only=True)
+    groups = saved["optimizer"]["param_groups"]
+    n0 = len(groups[0]["params"])  # the policy's group: parameters 0 .. n0 - 1
+    # the former layout: logZ (one parameter, number n0, with its Adam state) as group 1, the
+    # value head's parameters (PPO) one number later
+    later = [{**g, "params": [i + 1 for i in g["params"]]} for g in groups[1:]]
+    old_groups = [groups[0], {**groups[0], "params": [n0], "lr": 0.1}, *later]
+    state = {(k if k < n0 else k + 1): v for k, v in saved["optimizer"]["state"].items()}
+    zero = torch.zeros(())
+    state[n0] = {"step": torch.tensor(2.0), "exp_avg": zero, "exp_avg_sq": zero}
+    saved["optimizer"] = {"state": state, "param_groups": old_groups}
+    saved["log_z"] = torch.tensor(0.0)
+    torch.save(saved, pt)
+    seal(pt.parent)  # the manifest of the rewritten checkpoint, as the writer seals one
+    for run in ("a", "b"):
+        make_trainer(cfg, tmp_path / run, resume=True, progress=False).train()
+    assert records(tmp_path / "a") != [] and len(records(tmp_path / "b")) == 4
+    drop = ("seconds",)
+    ra = [{k: v for k, v in r.items() if k not in drop} for r in records(tmp_path / "a")]
+    rb = [{k: v for k, v in r.items() if k not in drop} for r in records(tmp_path / "b")]
+    assert ra == rb

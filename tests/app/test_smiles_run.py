@@ -68,8 +68,8 @@ def test_smiles_training_gives_replay_items_fingerprints(tmp_path: Path) -> None
     cfg = build_config(overrides={**SMALL, "steps": 4, "loss": "raptb", "replay.kind": "subm"})
     trainer = Trainer(cfg, tmp_path, progress=False)
     trainer.train()
-    assert trainer.buffer is not None
-    items = trainer.buffer.items()
+    assert trainer.algorithm.buffer is not None
+    items = trainer.algorithm.buffer.items()
     assert items
     for item in items:
         merged = Chem.MolFromSmiles(trainer.task.merge(item.prompt, item.text))
@@ -117,12 +117,12 @@ def test_lora_trains_only_adapter_and_log_z_and_resumes(tmp_path: Path) -> None:
     cfg = build_config(overrides={**overrides, "optim.log_z_lr": 0.1})  # the tiny model holds it
     trainer = Trainer(cfg, tmp_path, progress=False)
     before = {k: v.detach().clone() for k, v in trainer.policy.model.state_dict().items()}
-    log_z = float(trainer.log_z.detach())
+    log_z = float(trainer.algorithm.log_z.detach())
     trainer.train()
     after = trainer.policy.model.state_dict()
     moved = {k for k in before if not torch.equal(before[k], after[k])}
     assert moved and all("lora_" in k for k in moved)
-    assert float(trainer.log_z.detach()) != log_z
+    assert float(trainer.algorithm.log_z.detach()) != log_z
     optimised = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
     named = dict(trainer.policy.model.named_parameters())
     assert {n for n, p in named.items() if id(p) in optimised} == {n for n in named if "lora_" in n}

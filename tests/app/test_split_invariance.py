@@ -49,7 +49,7 @@ def run(tmp_path: Path, batch_size: int, grad_accum: int, loss: str, kind: str):
     start = [p.detach().clone() for p in trainer.policy.model.parameters()]
     records, texts, kinds = [], [], []
     for _ in range(STEPS):
-        collect = trainer._collect
+        collect = trainer.algorithm._collect
         seen = []
 
         def recording_collect(collect=collect, seen=seen):
@@ -58,7 +58,7 @@ def run(tmp_path: Path, batch_size: int, grad_accum: int, loss: str, kind: str):
             kinds.append(batch.plan.kind.tolist())
             return batch
 
-        trainer._collect = recording_collect
+        trainer.algorithm._collect = recording_collect
         record = trainer._optimizer_step()
         assert record is not None
         trainer.step += 1
@@ -66,7 +66,7 @@ def run(tmp_path: Path, batch_size: int, grad_accum: int, loss: str, kind: str):
         texts.append(seen)
     weights = [p.detach().clone() for p in trainer.policy.model.parameters()]
     moved = max(float((w - s).abs().max()) for w, s in zip(weights, start, strict=True))
-    return records, texts, weights, float(trainer.log_z.detach()), kinds, moved
+    return records, texts, weights, float(trainer.algorithm.log_z.detach()), kinds, moved
 
 
 @pytest.mark.parametrize("kind", REPLAY)

@@ -73,29 +73,29 @@ def test_every_replay_trains(tmp_path, replay):
     assert all(math.isfinite(r["loss"]) for r in logged)
     assert changed(before, trainer)
     if replay == "none":
-        assert all(r["replay_frac"] == 0 for r in logged) and trainer.buffer is None
+        assert all(r["replay_frac"] == 0 for r in logged) and trainer.algorithm.buffer is None
     else:
-        assert len(trainer.buffer) > 0
+        assert len(trainer.algorithm.buffer) > 0
         assert any(r["replay_frac"] > 0 for r in logged)  # 0.9 replay after the first fill
     if kind == "subm":
-        assert trainer.buffer.config()["diversity"] == (diversity or "facility")
+        assert trainer.algorithm.buffer.config()["diversity"] == (diversity or "facility")
 
 
 def test_oracle_buffer_holds_the_enumerated_solutions(tmp_path):
     trainer = Trainer(small_config(steps=1, **{"replay.kind": "oracle"}), tmp_path, progress=False)
-    assert len(trainer.buffer) == 75_445
-    item = trainer.buffer.sample(1, trainer.rng)[0]
+    assert len(trainer.algorithm.buffer) == 75_445
+    item = trainer.algorithm.buffer.sample(1, trainer.rng)[0]
     assert item.u[-1] == 50.0 and item.valid
 
 
 def test_log_z_has_its_own_float32_group(tmp_path):
     trainer = Trainer(small_config(steps=1, **{"optim.log_z_lr": 0.5}), tmp_path, progress=False)
     groups = trainer.optimizer.param_groups
-    assert groups[1]["params"] == [trainer.log_z] and groups[1]["lr"] == 0.5
-    assert trainer.log_z.dtype == torch.float32
-    start = float(trainer.log_z)
+    assert groups[1]["params"] == [trainer.algorithm.log_z] and groups[1]["lr"] == 0.5
+    assert trainer.algorithm.log_z.dtype == torch.float32
+    start = float(trainer.algorithm.log_z)
     trainer.train()
-    assert float(trainer.log_z) != start
+    assert float(trainer.algorithm.log_z) != start
 
 
 @pytest.mark.parametrize("replay", ["subm", "prt"])
@@ -114,13 +114,13 @@ def test_resume_equals_uninterrupted_run(tmp_path, replay):
 
     a, b = straight.policy.model.state_dict(), resumed.policy.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert torch.equal(straight.log_z.detach(), resumed.log_z.detach())
+    assert torch.equal(straight.algorithm.log_z.detach(), resumed.algorithm.log_z.detach())
     drop = ("seconds",)
     ra = [{k: v for k, v in r.items() if k not in drop} for r in records(tmp_path / "a")]
     rb = [{k: v for k, v in r.items() if k not in drop} for r in records(tmp_path / "b")]
     assert ra == rb
-    assert [it.tokens for it in straight.buffer.items()] == [
-        it.tokens for it in resumed.buffer.items()
+    assert [it.tokens for it in straight.algorithm.buffer.items()] == [
+        it.tokens for it in resumed.algorithm.buffer.items()
     ]
 
 
@@ -321,7 +321,7 @@ def test_log_z_lr_0_holds_log_z_at_its_initial_value(tmp_path):
         progress=False,
     )
     held.train()
-    assert held.log_z.item() == 0.25
+    assert held.algorithm.log_z.item() == 0.25
     assert [r["log_z"] for r in records(tmp_path / "held")] == [0.25, 0.25]
     trained = Trainer(
         small_config(steps=2, **{"optim.log_z_lr": 0.1, "optim.log_z_init": 0.25}),
@@ -329,7 +329,7 @@ def test_log_z_lr_0_holds_log_z_at_its_initial_value(tmp_path):
         progress=False,
     )
     trained.train()
-    assert trained.log_z.item() != 0.25
+    assert trained.algorithm.log_z.item() != 0.25
     # the embedded model holds logZ unless told otherwise; a pretrained one trains it
     assert small_config().optim.log_z_lr == 0.0
     assert small_config(model="some/pretrained-model").optim.log_z_lr == 0.1
