@@ -1,4 +1,4 @@
-"""RDKit Morgan fingerprints packed into uint64 words for ``raptb.core.similarity``.
+"""RDKit Morgan fingerprints packed into uint64 words for ``raptb.core.subm.similarity``.
 
 Morgan radius 2, 2048 bits by default (the paper's SubM backend for SMILES): bit i of a
 fingerprint lands in word i // 64 at position i % 64, giving a [n, 32] uint64 array whose
@@ -14,7 +14,7 @@ import numpy as np
 from rdkit import Chem, DataStructs
 from rdkit.Chem import rdFingerprintGenerator
 
-from raptb.core.similarity import pack_bits
+from raptb.core.subm.similarity import pack_bits
 
 
 def morgan_packed(smiles: Sequence[str], radius: int = 2, n_bits: int = 2048) -> np.ndarray:

@@ -15,8 +15,8 @@ Task score per prefix (tasks-more.md), with x_k the text of the first k tokens:
 
 coverage = fraction of concepts present (lemma match, :func:`~raptb.adapters.english.lemma_forms`
 on both sides); quality = the best bigram F1 of x_k against the set's references
-(``core/text_overlap.py``), or sentence BLEU-4 with exponential smoothing (sacrebleu) divided by
-100 when ``quality="bleu"``. The terminal text must also be one valid sentence
+(``core/metrics/text_overlap.py``), or sentence BLEU-4 with exponential smoothing (sacrebleu)
+divided by 100 when ``quality="bleu"``. The terminal text must also be one valid sentence
 (:func:`~raptb.adapters.english.sentence_problems`); an invalid one scores 0, as every task's
 invalid text does. A partial last word of a prefix counts as typed (a shaping signal only).
 
@@ -40,8 +40,8 @@ from raptb.adapters.english import (
     lemma_forms,
     words,
 )
+from raptb.core.metrics.text_overlap import max_bigram_f1
 from raptb.core.ports import Score, check_length_bounds
-from raptb.core.text_overlap import max_bigram_f1
 
 QualityMeasure = Literal["bigram_f1", "bleu"]
 QUALITY_MEASURES: tuple[str, ...] = ("bigram_f1", "bleu")

@@ -5,8 +5,8 @@ valid samples, ``core/metrics.py``), BLEU-4 (corpus BLEU of the valid samples' s
 written, final period included (``CommonGenTask.sentence``), against the set's references, every
 sample sharing the same reference list; 0 without references or valid samples), Len (mean token
 length of valid samples), Delta log p_term (trained minus reference model, on all the same
-samples, ``core/termination.py``), Coverage (fraction of samples that are valid and use every
-concept) and Validity (valid fraction). The summary is the plain mean of each metric over the
+samples, ``core/metrics/termination.py``), Coverage (fraction of samples that are valid and use
+every concept) and Validity (valid fraction). The summary is the plain mean of each metric over the
 sets.
 
 BLEU is sacrebleu's (case-sensitive, closest reference length, no smoothing) with its ``13a``
@@ -27,7 +27,7 @@ from sacrebleu.metrics import BLEU
 
 from raptb.adapters.commongen import CommonGenTask
 from raptb.core.metrics import mean_length, ragged_token_entropy
-from raptb.core.termination import delta_log_pterm
+from raptb.core.metrics.termination import delta_log_pterm
 
 EVAL_SAMPLES_PER_SET = 320
 METRIC_NAMES = ("Entropy", "BLEU", "Len", "DeltaLogPterm", "Coverage", "Validity")

@@ -9,7 +9,7 @@ study`` (whose runs are child processes: each reads the entry points again) by d
     vowels = "mypkg.vowels:SPEC"          # an adapters.registry.TaskSpec
 
     [project.entry-points."raptb.objectives"]
-    scaled_tb = "mypkg.losses:ScaledTB"   # a core.objectives.Objective subclass
+    scaled_tb = "mypkg.losses:ScaledTB"   # a core.gfn.objectives.Objective subclass
 
 The entry point's name must equal the task's (the spec's ``name``) or objective's (the class's
 ``name``) so that a run's configuration names what was loaded. Entry points are read once per
@@ -25,8 +25,8 @@ from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from raptb.core.objectives import OBJECTIVES, Objective, register_objective
-from raptb.core.rl_objectives import RL_OBJECTIVES
+from raptb.core.gfn.objectives import OBJECTIVES, Objective, register_objective
+from raptb.core.rl.objectives import RL_OBJECTIVES
 
 TASK_GROUP = "raptb.tasks"
 OBJECTIVE_GROUP = "raptb.objectives"
@@ -77,7 +77,7 @@ def load_group(group: str, check: Callable[[EntryPoint, Any], None]) -> None:
 
 def _register_objective(point: EntryPoint, cls: Any) -> None:
     if not (isinstance(cls, type) and issubclass(cls, Objective)):
-        raise ValueError("must name a subclass of raptb.core.objectives.Objective")
+        raise ValueError("must name a subclass of raptb.core.gfn.objectives.Objective")
     if getattr(cls, "name", None) != point.name:
         raise ValueError(
             f"the class's name {getattr(cls, 'name', None)!r} differs from the entry point's"

@@ -42,7 +42,7 @@ from raptb.adapters.rollout import sample_rollout, token_log_probs
 from raptb.adapters.row_prompts import left_padded, row_prompt_ids
 from raptb.adapters.static_decode import DecodeMode, StaticDecoders, resolve_decode
 from raptb.adapters.tokens import token_texts
-from raptb.core.batch import PrefixBatch
+from raptb.core.gfn.batch import PrefixBatch
 
 
 def default_grammar_threads(device: torch.device) -> int:

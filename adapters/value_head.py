@@ -4,7 +4,7 @@ Shares the policy's backbone (as TRL's ``AutoModelForCausalLMWithValueHead`` did
 ``Linear(hidden_size, 1)`` in float32, whatever the backbone's dtype, so the value regression does
 not run in bf16. TRL's value head uses dropout 0.1 (``summary_dropout_prob``); that is the default.
 
-Alignment with the action layout (``core.rl_batch``): the teacher-forced input is the prompt (P
+Alignment with the action layout (``core.rl.batch``): the teacher-forced input is the prompt (P
 tokens) followed by the T generated-token columns; the hidden state at position P - 1 + k is the
 state of prefix s_{0:k}, the one the policy's logits for action k come from. ``prefix_values``
 therefore reads positions P - 1 .. P - 1 + T, giving [B, T+1] values, 0 after tau.

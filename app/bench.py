@@ -4,8 +4,8 @@ A refresh is what the SubM buffer does: similarity of the new items against the 
 (``SimilarityCache.quantised``: the stored B items are already cached, the new x all block is
 computed, rounded to the 2**-15 grid and mirrored) plus greedy selection of B items from |G|
 candidates on that fixed-point matrix. Selection methods timed: ``standard`` and ``lazy``
-(Numba, ``raptb.core.subm``) on the fixed-point matrix; ``lazy`` also from the float32 form of
-the same matrix (the float entry point: rounding pass plus all-pairs symmetry check, and with
+(Numba, ``raptb.core.subm.select``) on the fixed-point matrix; ``lazy`` also from the float32 form
+of the same matrix (the float entry point: rounding pass plus all-pairs symmetry check, and with
 ``check_symmetry=False``); ``numpy-lazy`` (a plain numpy + heapq lazy greedy of the same
 objective on the float32 matrix, the baseline) and apricot's ``FacilityLocationSelection``
 (facility term only, precomputed similarity) when importable. All see the same grid values.
@@ -31,9 +31,9 @@ import numpy as np
 import typer
 
 from raptb.app.plots import plot_subm_scaling
-from raptb.core.similarity import ShingleJaccardSimilarity, TanimotoSimilarity, pack_bits
-from raptb.core.similarity_cache import SimilarityCache
-from raptb.core.subm import QuantisedSimilarity, subm_select
+from raptb.core.subm.select import QuantisedSimilarity, subm_select
+from raptb.core.subm.similarity import ShingleJaccardSimilarity, TanimotoSimilarity, pack_bits
+from raptb.core.subm.similarity_cache import SimilarityCache
 
 
 def morgan_like(n: int, rng: np.random.Generator, data: str) -> list[np.ndarray]:

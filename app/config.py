@@ -52,8 +52,8 @@ from raptb.app.config_sections import (
 )
 from raptb.app.durable import write_atomically
 from raptb.app.trackers import check_report_to
-from raptb.core.objectives import objective_hyperparameters
-from raptb.core.rl_objectives import rl_objective_hyperparameters
+from raptb.core.gfn.objectives import objective_hyperparameters
+from raptb.core.rl.objectives import rl_objective_hyperparameters
 from raptb.core.schedules import LinearSchedule
 
 DEFAULT_TASK = "expr24"

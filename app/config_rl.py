@@ -11,12 +11,12 @@ from typing import Any, Literal
 from pydantic import Field
 
 from raptb.app.config_sections import Section, core_default
-from raptb.core.grpo import GRPO
-from raptb.core.ppo import PPO
-from raptb.core.rl_objectives import RL_OBJECTIVES
+from raptb.core.rl.grpo import GRPO
+from raptb.core.rl.objectives import RL_OBJECTIVES
+from raptb.core.rl.ppo import PPO
 
 RL_LOSSES = tuple(RL_OBJECTIVES)
-"""The reward-maximising baselines (app.algorithms.grpo and .ppo), core.rl_objectives' registry:
+"""The reward-maximising baselines (app.algorithms.grpo and .ppo), core.rl.objectives' registry:
 no logZ, no replay, rollouts at ``rl.temperature``."""
 RL_PRESET: dict[str, Any] = {"replay": {"kind": "none"}}
 """What an RL loss sets under the file and the flags (an explicit replay other than none is an
@@ -41,7 +41,7 @@ def _trl(name: str, description: str, **constraints: Any) -> Any:
 
 
 class RLConfig(Section):
-    """PPO and GRPO (``--loss ppo|grpo``): TRL's names and defaults (core.grpo, core.ppo)."""
+    """PPO and GRPO (``--loss ppo|grpo``): TRL's names and defaults (core.rl.grpo, core.rl.ppo)."""
 
     temperature: float = Field(
         GRPO_TEMPERATURE,

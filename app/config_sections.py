@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from raptb.adapters.static_decode import DecodeMode
-from raptb.core.objectives import RapTB
+from raptb.core.gfn.objectives import RapTB
 from raptb.core.replay import BUFFERS, buffer_class
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
@@ -48,7 +48,7 @@ class Section(BaseModel):
 
 
 class ObjectiveConfig(Section):
-    """Objective hyperparameters, passed to each objective that takes them (core.objectives)."""
+    """Objective hyperparameters, passed to each objective that takes them (core.gfn.objectives)."""
 
     eta: float = _raptb(
         "eta", "RapTB: weight of the auxiliary prefix loss (Delta^2 + eta L_aux).", ge=0

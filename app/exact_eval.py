@@ -3,7 +3,7 @@
 For an enumerable task (its registry entry lists its solutions: Expr24) with one prompt, the
 behaviour probability at temperature 1 of every solution is computed exactly
 (``raptb.adapters.exact``: same legal tokens, grammar and length rules as sampling, stop
-included), then reduced to the exact metrics of ``raptb.core.exact_metrics``:
+included), then reduced to the exact metrics of ``raptb.core.metrics.exact``:
 accuracy pi(Y*), mass per length, KL(p* || pi|Y*) with p* uniform on Y* (the 0/1 reward), and the
 expected number of distinct solutions at N draws. No sampling is done. When ``eval/metrics.json``
 from the same checkpoint exists, its sampled estimates are compared with the exact values
@@ -33,7 +33,7 @@ from raptb.app.config import ConfigError
 from raptb.app.durable import write_atomically
 from raptb.app.eval_run import METRICS_FILE, EvalError, checkpoint_policy, eval_dir, load_run
 from raptb.app.runtime import build_task
-from raptb.core.exact_metrics import compare_with_sampled, exact_metrics
+from raptb.core.metrics.exact import compare_with_sampled, exact_metrics
 from raptb.core.ports import Task
 
 EXACT_FILE = "exact.json"

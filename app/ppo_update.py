@@ -11,7 +11,7 @@ mini-batches with one optimizer step per mini-batch (the caller's).
 
 Rows are numbered across the step's micro-batches in rollout order (micro-batch 0's rows first).
 A mini-batch's rows are scored one micro-batch (one prompt, one forward) at a time; each part's
-loss (a masked mean over its actions, ``core.ppo``) is weighted by its share of the mini-batch's
+loss (a masked mean over its actions, ``core.rl.ppo``) is weighted by its share of the mini-batch's
 rows, as TRL weights its equal-sized micro-batches 1 / gradient_accumulation_steps. With one
 mini-batch the parts are the rollout's micro-batches, each weighted 1 / grad_accum.
 
@@ -34,8 +34,8 @@ from raptb.adapters.policy import HFPolicy
 from raptb.adapters.value_head import ValueHead
 from raptb.app.rl_step import all_finite, reference_log_probs, score_actions
 from raptb.app.step import LossResult, Trajectories, agreed_finite
-from raptb.core.ppo import PPO, Targets
-from raptb.core.rl_batch import RLBatch
+from raptb.core.rl.batch import RLBatch
+from raptb.core.rl.ppo import PPO, Targets
 
 
 def disable_dropout(module: torch.nn.Module) -> None:

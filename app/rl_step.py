@@ -5,7 +5,7 @@
     sequence_rewards    -> [B]            the terminal reward each sequence is judged by
     rl_loss_step        -> LossResult     rescoring in the action layout, reference, loss, backward
 
-For GRPO a prompt's rows are consecutive groups of num_generations (``core.grpo``).
+For GRPO a prompt's rows are consecutive groups of num_generations (``core.rl.grpo``).
 GRPO takes one optimisation pass per rollout (TRL's ``num_iterations = 1``): the old log-probs
 are the current ones detached, so every ratio is 1 in value while its gradient is that of log pi,
 exactly as TRL computes it without a second pass. PPO's several passes per rollout are
@@ -26,10 +26,10 @@ import torch
 from raptb.adapters.policy import HFPolicy
 from raptb.adapters.value_head import ValueHead, prefix_values
 from raptb.app.step import LossResult, Rewards, Trajectories, agreed_finite
-from raptb.core.grpo import GRPO
-from raptb.core.ppo import PPO
-from raptb.core.rl_batch import RLBatch, action_log_probs
-from raptb.core.rl_objectives import RLObjective
+from raptb.core.rl.batch import RLBatch, action_log_probs
+from raptb.core.rl.grpo import GRPO
+from raptb.core.rl.objectives import RLObjective
+from raptb.core.rl.ppo import PPO
 
 
 def needs_reference(objective: RLObjective) -> bool:

@@ -26,7 +26,7 @@ from raptb.adapters.registry import TaskSpec, task_spec
 from raptb.adapters.rollout import RolloutTimings
 from raptb.app.prefix_reward import PrefixScorer
 from raptb.app.runtime import reference_log_prob
-from raptb.core.objectives import Objective
+from raptb.core.gfn.objectives import Objective
 from raptb.core.ports import Score, Task
 
 

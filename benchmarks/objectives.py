@@ -22,8 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from raptb.core.batch import PrefixBatch
-from raptb.core.objectives import OBJECTIVES, objective_by_name
+from raptb.core.gfn.batch import PrefixBatch
+from raptb.core.gfn.objectives import OBJECTIVES, objective_by_name
 from tests.core import reference as ref
 from tests.core.test_objectives import make_batch
 

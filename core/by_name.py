@@ -1,5 +1,5 @@
 """Build a loss dataclass from its name and keyword hyperparameters (the GFlowNet objectives of
-``core.objectives``, the RL baselines of ``core.rl_objectives``), with one-line errors."""
+``core.gfn.objectives``, the RL baselines of ``core.rl.objectives``), with one-line errors."""
 
 from __future__ import annotations
 

@@ -28,12 +28,15 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 
 # public name -> module that defines it
 _EXPORTS = {
-    "PrefixBatch": "raptb.core.batch",
-    "objective_by_name": "raptb.core.objectives",
-    "objective_hyperparameters": "raptb.core.objectives",
-    "absorbed_targets": "raptb.core.targets",
-    "subm_select": "raptb.core.subm",
+    "PrefixBatch": "raptb.core.gfn.batch",
+    "objective_by_name": "raptb.core.gfn.objectives",
+    "objective_hyperparameters": "raptb.core.gfn.objectives",
+    "Objective": "raptb.core.gfn.objectives",
+    "register_objective": "raptb.core.gfn.objectives",
+    "absorbed_targets": "raptb.core.gfn.targets",
+    "subm_select": "raptb.core.subm.select",
     "make_buffer": "raptb.core.replay",
+    "register_buffer": "raptb.core.replay",
     "ReplayItem": "raptb.core.replay",
     "Score": "raptb.core.ports",
     "Task": "raptb.core.ports",

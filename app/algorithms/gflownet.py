@@ -52,7 +52,7 @@ from raptb.app.step_batch import (
     micro_batches,
     plan_rows,
 )
-from raptb.core.objectives import Objective, VarGrad, objective_by_name
+from raptb.core.gfn.objectives import Objective, VarGrad, objective_by_name
 
 
 class GFlowNet:

@@ -15,9 +15,9 @@ from raptb.app.algorithms.rl_rollout import RLAlgorithm, RLStats, rl_record
 from raptb.app.micro_batch import combine_micro_batch, step_result
 from raptb.app.rl_step import rl_loss_step
 from raptb.app.step import LossResult
-from raptb.core.advantages import group_advantages
-from raptb.core.grpo import GRPO
-from raptb.core.rl_objectives import rl_objective_by_name
+from raptb.core.rl.advantages import group_advantages
+from raptb.core.rl.grpo import GRPO
+from raptb.core.rl.objectives import rl_objective_by_name
 
 
 class GRPOAlgorithm(RLAlgorithm):

@@ -26,8 +26,8 @@ from raptb.app.ppo_update import (
 from raptb.app.rl_step import needs_reference
 from raptb.app.step import LossResult
 from raptb.app.training_error import TrainingError
-from raptb.core.ppo import PPO
-from raptb.core.rl_objectives import rl_objective_by_name
+from raptb.core.rl.objectives import rl_objective_by_name
+from raptb.core.rl.ppo import PPO
 
 
 class PPOAlgorithm(RLAlgorithm):

@@ -2,12 +2,12 @@
 of a step's rows with the terminal reward each row is judged by, the reference rule, and the
 metrics record under TRL's names.
 
-Against the GFlowNet algorithm: the loss is ``core.grpo`` / ``core.ppo`` built from the ``[rl]``
-section (TRL's names and defaults); there is no replay (the config only takes replay 'none') and
-no logZ; rollouts are on-policy at ``rl.temperature`` (``[sampling]`` is not read). Both roll
-out a step's batch_size x grad_accum rows at once (app.step_batch). The reference model (adapter
-disabled, or a frozen copy taken before the first step) is only evaluated when the KL penalty is
-on (GRPO beta, PPO kl_coef) or the reward is log R with kappa > 0.
+Against the GFlowNet algorithm: the loss is ``core.rl.grpo`` / ``core.rl.ppo`` built from the
+``[rl]`` section (TRL's names and defaults); there is no replay (the config only takes replay
+'none') and no logZ; rollouts are on-policy at ``rl.temperature`` (``[sampling]`` is not read).
+Both roll out a step's batch_size x grad_accum rows at once (app.step_batch). The reference
+model (adapter disabled, or a frozen copy taken before the first step) is only evaluated when the
+KL penalty is on (GRPO beta, PPO kl_coef) or the reward is log R with kappa > 0.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from raptb.app.mix_schedule import Mix
 from raptb.app.rl_step import needs_reference, sequence_rewards
 from raptb.app.step import Trajectories, correct_texts, reward
 from raptb.app.step_batch import collect_step, micro_batches, plan_rows
-from raptb.core.rl_objectives import RLObjective
+from raptb.core.rl.objectives import RLObjective
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 FPDiv = 1 - mean pairwise similarity over distinct pairs (0 with < 2 items); MacroFP = mean
 FPDiv over length bins (0-5, 6-10, 11+ by default). SMILES uses the Tanimoto similarity of
-packed Morgan fingerprints (``core.similarity``); any pairwise similarity works.
+packed Morgan fingerprints (``core.subm.similarity``); any pairwise similarity works.
 """
 
 from __future__ import annotations

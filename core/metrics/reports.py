@@ -188,7 +188,7 @@ def smiles_metrics(
     1..max_depth).
     """
     # imported here: the similarity kernels compile with Numba, which only SMILES metrics need
-    from raptb.core.similarity import tanimoto_matrix
+    from raptb.core.subm.similarity import tanimoto_matrix
 
     fps = np.asarray(fingerprints)
     if fps.ndim != 2 or fps.shape[0] != len(samples):

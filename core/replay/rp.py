@@ -19,7 +19,7 @@ import numpy as np
 
 from raptb.core.replay.base import ReplayBuffer
 from raptb.core.replay.item import ReplayItem
-from raptb.core.similarity import edit_distances
+from raptb.core.subm.similarity import edit_distances
 
 #: (terminal log-reward, insertion number, item): the unique insertion number breaks ties
 #: between equal rewards (older items are evicted first) and keeps heapq from comparing items.

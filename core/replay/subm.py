@@ -29,9 +29,9 @@ import numpy as np
 from raptb.core.ports import Similarity
 from raptb.core.replay.base import ReplayBuffer
 from raptb.core.replay.item import ReplayItem
-from raptb.core.similarity import ShingleJaccardSimilarity, TanimotoSimilarity
-from raptb.core.similarity_cache import SimilarityCache
-from raptb.core.subm import DIVERSITY, power_bin_alpha, subm_select
+from raptb.core.subm.select import DIVERSITY, power_bin_alpha, subm_select
+from raptb.core.subm.similarity import ShingleJaccardSimilarity, TanimotoSimilarity
+from raptb.core.subm.similarity_cache import SimilarityCache
 
 #: SubM's static reward r(x): the task score S, the task-only terminal reward lambda S, or the
 #: full terminal log-reward.

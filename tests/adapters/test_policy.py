@@ -19,7 +19,7 @@ from raptb.adapters.models import load_model_and_tokenizer
 from raptb.adapters.policy import HFPolicy, default_grammar_threads, to_prefix_batch
 from raptb.adapters.rollout import Rollout
 from raptb.adapters.tokens import legal_token_ids, stop_token_id
-from raptb.core.batch import PrefixBatch
+from raptb.core.gfn.batch import PrefixBatch
 
 GRAMMAR = 'root ::= num (op num)*\nnum ::= [1-9]\nop ::= "+" | "-" | "*" | "/"'
 ALPHABET = "123456789+-*/"

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from raptb.adapters.value_head import ValueHead, prefix_values
-from raptb.core.ppo import PPO
-from raptb.core.rl_batch import RLBatch
+from raptb.core.rl.batch import RLBatch
+from raptb.core.rl.ppo import PPO
 
 
 def test_prefix_values_read_the_state_of_each_prefix():

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import raptb.app.bench as bench_module
 from raptb.app.bench import numpy_lazy_greedy
 from raptb.app.cli import app
-from raptb.core.subm import SCALE, QuantisedSimilarity, subm_select
+from raptb.core.subm.select import SCALE, QuantisedSimilarity, subm_select
 
 
 @settings(max_examples=25, deadline=None)

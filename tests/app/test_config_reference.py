@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from raptb.app.cli import app
 from raptb.app.config import ObjectiveConfig
 from raptb.app.config_reference import TABLE_END, TABLE_START, config_fields, markdown_table
-from raptb.core.objectives import OBJECTIVES
+from raptb.core.gfn.objectives import OBJECTIVES
 
 REFERENCE_PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 BUILTIN_TASKS = ("expr24", "smiles", "commongen", "amp", "custom")

@@ -30,7 +30,7 @@ from raptb.app.algorithms.rl_rollout import Rollout
 from raptb.app.step import Trajectories
 from raptb.app.train import Trainer
 from raptb.app.trainers import make_trainer
-from raptb.core.rl_batch import action_log_probs
+from raptb.core.rl.batch import action_log_probs
 from tests.app.test_train import small_config
 
 PROMPTS = ("Expr24:", "Make 24 from four digits:", "24?", "Find 24 with + - * /:")

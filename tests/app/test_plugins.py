@@ -23,7 +23,7 @@ from typing import ClassVar
 
 from raptb.adapters.registry import TaskSpec
 from raptb.core.metrics import sequence_metrics
-from raptb.core.objectives import TB
+from raptb.core.gfn.objectives import TB
 from raptb.core.ports import Score
 
 

@@ -21,7 +21,7 @@ from raptb.app.rl_step import rl_loss_step
 from raptb.app.step import Trajectories
 from raptb.app.train import Trainer, TrainingError
 from raptb.app.trainers import make_trainer
-from raptb.core.ppo import PPO
+from raptb.core.rl.ppo import PPO
 from tests.app.test_train import records, small_config
 from tests.core import rl_reference as ref
 

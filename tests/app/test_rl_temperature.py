@@ -17,9 +17,9 @@ from raptb.app.step import Trajectories
 from raptb.app.step_batch import StepBatch
 from raptb.app.train import Trainer
 from raptb.app.trainers import make_trainer
-from raptb.core.grpo import GRPO
-from raptb.core.ppo import PPO
-from raptb.core.rl_batch import RLBatch
+from raptb.core.rl.batch import RLBatch
+from raptb.core.rl.grpo import GRPO
+from raptb.core.rl.ppo import PPO
 from tests.app.test_train import small_config
 
 

@@ -19,9 +19,9 @@ from raptb.app.rl_step import rl_loss_step, sequence_rewards
 from raptb.app.step import Rewards, roll_out
 from raptb.app.train import Trainer
 from raptb.app.trainers import make_trainer
-from raptb.core.grpo import GRPO
-from raptb.core.ppo import PPO
-from raptb.core.rl_batch import RLBatch
+from raptb.core.rl.batch import RLBatch
+from raptb.core.rl.grpo import GRPO
+from raptb.core.rl.ppo import PPO
 from tests.app.test_train import records, small_config, weights
 
 

@@ -25,10 +25,10 @@ from raptb.app.step import reward, roll_out
 from raptb.app.step_batch import stored_rows
 from raptb.app.train import TrainResult
 from raptb.app.train_command import kappa_line
-from raptb.core.objectives import objective_by_name
+from raptb.core.gfn.objectives import objective_by_name
 from raptb.core.replay import make_buffer
-from raptb.core.similarity import ShingleJaccardSimilarity
-from raptb.core.subm import subm_select
+from raptb.core.subm.select import subm_select
+from raptb.core.subm.similarity import ShingleJaccardSimilarity
 from tests.app.test_config_reference import BUILTIN_TASKS
 from tests.core import reference as ref
 from tests.core.test_objectives import close, make_batch, np_batch

@@ -1,7 +1,7 @@
 """Slow float64 references for the RL baselines: plain loops over rows and actions, python floats.
 
-Each follows the written formula of ``core.advantages``, ``core.grpo`` and ``core.ppo`` (TRL's
-conventions) with no vectorisation, so the vectorised code is checked against an obviously
+Each follows the written formula of ``core.rl.advantages``, ``core.rl.grpo`` and ``core.rl.ppo``
+(TRL's conventions) with no vectorisation, so the vectorised code is checked against an obviously
 correct reading. Arrays come in as nested sequences [B][T+1]; only columns t <= tau are read.
 """
 
@@ -67,7 +67,7 @@ def k3(log_p: float, ref: float) -> float:
 def grpo_loss(
     logp, old, ref, rewards, length, cfg: dict, num_items_in_batch=None, grad_accum=1
 ) -> float:
-    """GRPO loss of one micro-batch, loop form of ``core.grpo``'s docstring."""
+    """GRPO loss of one micro-batch, loop form of ``core.rl.grpo``'s docstring."""
     b = len(rewards)
     width = len(logp[0])
     adv, _ = group_advantages(list(rewards), cfg["num_generations"], cfg["scale_rewards"])
@@ -117,7 +117,7 @@ def grpo_loss(
 
 
 def ppo_loss(logp, old, ref, rewards, length, values, old_values, cfg: dict, rows=None) -> float:
-    """PPO loss of one micro-batch, loop form of ``core.ppo``'s docstring; with ``rows``, the
+    """PPO loss of one micro-batch, loop form of ``core.rl.ppo``'s docstring; with ``rows``, the
     loss of those rows only, their advantages whitened over every row (one PPO mini-batch)."""
     b = len(rewards)
     ns = [int(length[i]) + 1 for i in range(b)]

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raptb.core.batch import PrefixBatch
+from raptb.core.gfn.batch import PrefixBatch
 from raptb.core.schedules import LinearSchedule, schedule_value
 
 

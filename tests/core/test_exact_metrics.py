@@ -1,4 +1,4 @@
-"""Exact metrics over Y* (core.exact_metrics): hand-computed values, brute-force references and
+"""Exact metrics over Y* (core.metrics.exact): hand-computed values, brute-force references and
 properties (Hypothesis)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raptb.core import exact_metrics as em
+from raptb.core.metrics import exact as em
 
 PI = [0.1, 0.2, 0.3]
 LOG_PI = np.log(PI)

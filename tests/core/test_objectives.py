@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raptb.core.batch import PrefixBatch
-from raptb.core.objectives import OBJECTIVES, objective_by_name, objective_hyperparameters
+from raptb.core.gfn.batch import PrefixBatch
+from raptb.core.gfn.objectives import OBJECTIVES, objective_by_name, objective_hyperparameters
 from raptb.core.schedules import LinearSchedule
 from tests.core import reference as ref
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raptb.core.ppo import PPO
-from raptb.core.rl_batch import RLBatch
+from raptb.core.rl.batch import RLBatch
+from raptb.core.rl.ppo import PPO
 from tests.core import rl_reference as ref
 from tests.core.test_rl_losses import PPO_CONFIGS, random_arrays, tiny_ppo_batch
 

@@ -18,8 +18,8 @@ from raptb.core.replay import (
     make_buffer,
 )
 from raptb.core.replay.item import pack_items, unpack_items
-from raptb.core.similarity import ShingleJaccardSimilarity, edit_distance, pack_bits
-from raptb.core.subm import subm_select
+from raptb.core.subm.select import subm_select
+from raptb.core.subm.similarity import ShingleJaccardSimilarity, edit_distance, pack_bits
 
 # The paper's SubM columns (the task specs of the adapters hold the same values).
 EXPR24_SUBM = {

@@ -10,14 +10,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raptb.core.advantages import (
+from raptb.core.rl.advantages import (
     gae,
     group_advantages,
     kl_estimate,
     masked_whiten,
     token_rewards,
 )
-from raptb.core.rl_batch import RLBatch, action_log_probs
+from raptb.core.rl.batch import RLBatch, action_log_probs
 from tests.core import rl_reference as ref
 
 

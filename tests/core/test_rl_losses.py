@@ -11,10 +11,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raptb.core.grpo import GRPO, LOSS_TYPES
-from raptb.core.ppo import PPO
-from raptb.core.rl_batch import RLBatch
-from raptb.core.rl_objectives import rl_objective_by_name, rl_objective_hyperparameters
+from raptb.core.rl.batch import RLBatch
+from raptb.core.rl.grpo import GRPO, LOSS_TYPES
+from raptb.core.rl.objectives import rl_objective_by_name, rl_objective_hyperparameters
+from raptb.core.rl.ppo import PPO
 from tests.core import rl_reference as ref
 
 C = math.sqrt(2.0) + 1e-4  # group std of rewards [1, 3] plus TRL's 1e-4

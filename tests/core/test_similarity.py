@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import raptb.core.similarity_cache as similarity_cache_module
-from raptb.core.similarity import (
+import raptb.core.subm.similarity_cache as similarity_cache_module
+from raptb.core.subm.select import QuantisedSimilarity
+from raptb.core.subm.similarity import (
     ShingleJaccardSimilarity,
     TanimotoSimilarity,
     edit_distance,
@@ -20,8 +21,7 @@ from raptb.core.similarity import (
     shingle_ids,
     tanimoto_matrix,
 )
-from raptb.core.similarity_cache import SimilarityCache
-from raptb.core.subm import QuantisedSimilarity
+from raptb.core.subm.similarity_cache import SimilarityCache
 
 
 def _ref_tanimoto(a: np.ndarray, b: np.ndarray) -> float:

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-import raptb.core.subm as subm_module
-from raptb.core.subm import (
+import raptb.core.subm.select as subm_module
+from raptb.core.subm.select import (
     SCALE,
     QuantisedSimilarity,
     power_bin_alpha,

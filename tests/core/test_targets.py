@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raptb.core.targets import absorbed_targets
+from raptb.core.gfn.targets import absorbed_targets
 from tests.core.reference import targets_row
 
 

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from raptb.core.termination import delta_log_pterm
-from raptb.core.text_overlap import bigram_f1, max_bigram_f1
+from raptb.core.metrics.termination import delta_log_pterm
+from raptb.core.metrics.text_overlap import bigram_f1, max_bigram_f1
 
 
 def test_bigram_f1_hand_computed() -> None:

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-from raptb.core.objectives import objective_by_name
+from raptb.core.gfn.objectives import objective_by_name
 from raptb.core.schedules import LinearSchedule
 from raptb.integrations.trl import GFlowNetConfig, versions
 

@@ -25,8 +25,8 @@ import torch
 from datasets import Dataset
 from transformers import LlamaForCausalLM
 
-from raptb.core.batch import PrefixBatch
-from raptb.core.objectives import objective_by_name
+from raptb.core.gfn.batch import PrefixBatch
+from raptb.core.gfn.objectives import objective_by_name
 from raptb.core.schedules import LinearSchedule
 from raptb.integrations.trl import GFlowNetConfig, GFlowNetTrainer
 from tests.integrations.trl_fixtures import (

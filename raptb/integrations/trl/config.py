@@ -15,7 +15,7 @@ from typing import Any
 
 from trl import GRPOConfig
 
-from raptb.core.objectives import (
+from raptb.core.gfn.objectives import (
     OBJECTIVES,
     Objective,
     RapTB,
@@ -66,7 +66,7 @@ class GFlowNetConfig(GRPOConfig):
     loss: str = _help(
         "raptb",
         "GFlowNet objective: 'tb', 'subtb', 'raptb', 'avg_prefix_tb', 'root_subtb_logz' or "
-        "'vargrad' (raptb.core.objectives).",
+        "'vargrad' (raptb.core.gfn.objectives).",
     )
     eta: float = _help(_RAPTB["eta"], "RapTB: weight of the auxiliary prefix loss.")
     gamma: float = _help(_RAPTB["gamma"], "RapTB: decay gamma^(h-k) of the absorbed correction.")

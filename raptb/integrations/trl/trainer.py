@@ -27,8 +27,8 @@ from trl import GRPOTrainer
 from trl.data_utils import is_conversational
 from trl.trainer.utils import use_adapter
 
-from raptb.core.batch import PrefixBatch
-from raptb.core.objectives import Objective
+from raptb.core.gfn.batch import PrefixBatch
+from raptb.core.gfn.objectives import Objective
 from raptb.core.replay import ReplayBuffer, ReplayItem, make_buffer
 from raptb.integrations.trl.config import GFlowNetConfig
 from raptb.integrations.trl.prefix_log_probs import (

@@ -30,8 +30,8 @@ each step scans a random sample of ceil(n / budget * log(1 / epsilon)) remaining
 ``diversity="dispersion"`` swaps the facility term for the released reference code's rule,
 w_div (1 - max_{s in S} sim(x, s)), for comparison runs (see ``subm_select``).
 
-The greedy loops are Numba kernels (``core.subm_kernels``); they all work on the 2**-15
-fixed-point similarity of ``core.fixed_point`` (``QuantisedSimilarity``), so two items whose
+The greedy loops are Numba kernels (``core.subm.kernels``); they all work on the 2**-15
+fixed-point similarity of ``core.subm.fixed_point`` (``QuantisedSimilarity``), so two items whose
 float gains differ by less than about |P| * 2**-16 may be ordered differently than on the
 float input.
 """
@@ -42,8 +42,8 @@ import math
 
 import numpy as np
 
-from raptb.core.fixed_point import SCALE, QuantisedSimilarity, quantise_similarity
-from raptb.core.subm_kernels import greedy_lazy, greedy_standard, greedy_stochastic
+from raptb.core.subm.fixed_point import SCALE, QuantisedSimilarity, quantise_similarity
+from raptb.core.subm.kernels import greedy_lazy, greedy_standard, greedy_stochastic
 
 __all__ = [
     "DIVERSITY",

@@ -1,12 +1,12 @@
-"""Numba greedy loops of SubM on the fixed-point similarity (``core.fixed_point``).
+"""Numba greedy loops of SubM on the fixed-point similarity (``core.subm.fixed_point``).
 
-Inputs are already validated by ``core.subm``: q is the uint16 [n, n] grid similarity of the
+Inputs are already validated by ``core.subm.select``: q is the uint16 [n, n] grid similarity of the
 gated pool, static [n] the static scores, bins [n] the length bins, alpha [n_bins] the bin
 weights. Each loop returns the selected pool indices (int64) in selection order and stops at
 ``budget`` items or when no candidate has a positive gain.
 
 ``greedy_standard`` is the reference loop, ``greedy_lazy`` Minoux's lazy greedy (same
-selection) and ``greedy_stochastic`` stochastic greedy; ``core.subm`` states the maths.
+selection) and ``greedy_stochastic`` stochastic greedy; ``core.subm.select`` states the maths.
 
 Facility gains are exact integers and the full gain is one float64 formula of that integer
 (``_score``), so standard and lazy see bit-identical gains.
@@ -19,7 +19,7 @@ import math
 import numba as nb
 import numpy as np
 
-from raptb.core.fixed_point import CHUNK, SCALE
+from raptb.core.subm.fixed_point import CHUNK, SCALE
 
 
 @nb.njit(cache=True, inline="always")

@@ -1,6 +1,6 @@
 """GFlowNet objectives on a terminable prefix tree, written once for numpy and torch.
 
-Notation (``core.batch``): C_k = sum_{t<k} log_pf[t], and the prefix TB residual
+Notation (``core.gfn.batch``): C_k = sum_{t<k} log_pf[t], and the prefix TB residual
 
     Delta_k = logZ + C_k + log_pterm[k] - log_r[k]          (paper eq. app_stop_res_k_new)
 
@@ -43,10 +43,10 @@ from typing import Any, ClassVar, Literal
 
 from array_api_compat import array_namespace, device
 
-from raptb.core.batch import PrefixBatch
 from raptb.core.by_name import build_by_name, hyperparameter_names
+from raptb.core.gfn.batch import PrefixBatch
+from raptb.core.gfn.targets import TARGET_MODES, absorbed_targets, backup_window_end
 from raptb.core.schedules import LinearSchedule, schedule_value
-from raptb.core.targets import TARGET_MODES, absorbed_targets, backup_window_end
 
 Array = Any
 Diagnostics = dict[str, float]

@@ -1,8 +1,8 @@
 """The action layout shared by the reward-maximising RL baselines (PPO and GRPO).
 
-The RL policy acts on the same terminable prefix tree as the GFlowNet objectives (``core.batch``),
-but it is scored per *action*: a sampled sequence of tau tokens is tau token actions followed by
-the stop action, so there are A = T + 1 action columns
+The RL policy acts on the same terminable prefix tree as the GFlowNet objectives
+(``core.gfn.batch``), but it is scored per *action*: a sampled sequence of tau tokens is tau
+token actions followed by the stop action, so there are A = T + 1 action columns
 
     column t < tau : the (t+1)-th generated token,  log pi = log_pf[t]
     column tau     : the stop action,               log pi = log_pterm[tau]

@@ -1,8 +1,8 @@
 """GRPO loss (Shao et al. 2024) with TRL's names, defaults and loss types, in the action layout.
 
 Follows ``GRPOConfig`` and ``GRPOTrainer._compute_loss`` of TRL 1.16 (``trl/trainer/``). Per
-action t <= tau of row b (``core.rl_batch``: the stop is an action), with A_b the group-normalised
-advantage (``core.advantages.group_advantages``) and the importance weight
+action t <= tau of row b (``core.rl.batch``: the stop is an action), with A_b the group-normalised
+advantage (``core.rl.advantages.group_advantages``) and the importance weight
 
     w = exp(log pi - log pi_old)                        importance_sampling_level = "token"
     w = exp(mean_{t<=tau} (log pi - log pi_old))        "sequence" (GSPO), one weight per row
@@ -47,15 +47,15 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from raptb.core.advantages import (
+from raptb.core.gfn.objectives import check_range, stop_gradient
+from raptb.core.rl.advantages import (
     SCALE_REWARDS,
     ScaleRewards,
     group_advantages,
     kl_estimate,
     masked_mean,
 )
-from raptb.core.objectives import check_range, stop_gradient
-from raptb.core.rl_batch import RLBatch
+from raptb.core.rl.batch import RLBatch
 
 Array = Any
 Diagnostics = dict[str, float]

@@ -2,7 +2,7 @@
 
 Written once against the array API (numpy for the property tests, torch in training), with the
 conventions of TRL (``trl/trainer/grpo_trainer.py``, ``trl/experimental/ppo/ppo_trainer.py`` and
-its ``masked_whiten``), in the action layout of ``core.rl_batch`` (A = T + 1 columns, the last
+its ``masked_whiten``), in the action layout of ``core.rl.batch`` (A = T + 1 columns, the last
 used column of a row, tau, is the stop action). Nothing here takes gradients: advantages are data.
 
 - ``group_advantages`` (GRPO, Shao et al. 2024): rows are consecutive groups of

@@ -1,7 +1,7 @@
 """PPO loss for language-model RLHF (Ziegler et al. 2019; Ouyang et al. 2022), in the action layout.
 
 Follows TRL's ``PPOConfig`` names and defaults and ``PPOTrainer.train`` (TRL's experimental PPO,
-``trl/experimental/ppo/``), with the terminal reward at the stop action (``core.rl_batch``). From
+``trl/experimental/ppo/``), with the terminal reward at the stop action (``core.rl.batch``). From
 the rollout (all detached): per-action KL to the reference
 
     kl_t = log pi_old_t - log pi_ref_t              (kl_estimator "k1", TRL's default)
@@ -9,7 +9,7 @@ the rollout (all detached): per-action KL to the reference
 
 per-action rewards r_t = -kl_coef kl_t (t <= tau) plus the terminal reward R at t = tau
 (optionally whitened without shifting the mean, ``whiten_rewards``), GAE advantages and returns
-from the rollout-time values (``core.advantages.gae``), advantages whitened over the batch's
+from the rollout-time values (``core.rl.advantages.gae``), advantages whitened over the batch's
 actions (TRL always does this; ``whiten_advantages=False`` turns it off). TRL computes these once
 over its whole rollout batch before the PPO epochs: ``advantages`` does that for any batch, and
 the loss takes its result (``targets``) for a subset of the rows, else computes it from the
@@ -35,7 +35,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from raptb.core.advantages import (
+from raptb.core.gfn.objectives import check_range, stop_gradient
+from raptb.core.rl.advantages import (
     KL_ESTIMATORS,
     KLEstimator,
     gae,
@@ -44,8 +45,7 @@ from raptb.core.advantages import (
     masked_whiten,
     token_rewards,
 )
-from raptb.core.objectives import check_range, stop_gradient
-from raptb.core.rl_batch import RLBatch
+from raptb.core.rl.batch import RLBatch
 
 Array = Any
 Diagnostics = dict[str, float]

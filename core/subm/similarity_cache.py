@@ -3,7 +3,7 @@
 A replay refresh sees the previous ground set plus a few new items. The cache keeps the matrix
 of the previous call keyed by item key, so a refresh only computes the new-by-all block
 (O(n_new * n) kernel calls instead of O(n^2)) through any ``Similarity`` port backend, in float32
-or directly on SubM's 2**-15 fixed-point grid (``core.fixed_point``).
+or directly on SubM's 2**-15 fixed-point grid (``core.subm.fixed_point``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Hashable, Sequence
 import numba as nb
 import numpy as np
 
-from raptb.core.fixed_point import QuantisedSimilarity, quantise_rows, require_symmetric
+from raptb.core.subm.fixed_point import QuantisedSimilarity, quantise_rows, require_symmetric
 
 #: Most float32 similarities ``SimilarityCache.quantised`` asks a backend for at once (64 MiB).
 _BLOCK_ELEMENTS = 1 << 24

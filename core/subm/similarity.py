@@ -23,7 +23,7 @@ Two backends, both returning float32 matrices with values in [0, 1]:
   words instead (lower-cased runs of letters and digits, inner apostrophes kept; each word hashed
   like a character k-gram), so k = 1 is the word-unigram Jaccard of CommonGen's SubM column.
 
-``core.similarity_cache`` keeps these matrices up to date across replay refreshes. Token edit
+``core.subm.similarity_cache`` keeps these matrices up to date across replay refreshes. Token edit
 distance (Levenshtein on integer sequences) for RP's near-duplicate filter lives here too.
 """
 

@@ -1,8 +1,9 @@
-"""Registry of the reward-maximising RL baselines, mirroring ``core.objectives.objective_by_name``.
+"""Registry of the reward-maximising RL baselines, mirroring
+``core.gfn.objectives.objective_by_name``.
 
 ``rl_objective_by_name("grpo" | "ppo", **hyperparameters)`` builds the loss; calling it on a
-``core.rl_batch.RLBatch`` returns ``(loss, diagnostics)`` with detached float diagnostics. Names
-and defaults are TRL's (``core.grpo``, ``core.ppo``).
+``core.rl.batch.RLBatch`` returns ``(loss, diagnostics)`` with detached float diagnostics. Names
+and defaults are TRL's (``core.rl.grpo``, ``core.rl.ppo``).
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from __future__ import annotations
 from typing import Any, TypeAlias
 
 from raptb.core.by_name import build_by_name, hyperparameter_names
-from raptb.core.grpo import GRPO
-from raptb.core.ppo import PPO
+from raptb.core.rl.grpo import GRPO
+from raptb.core.rl.ppo import PPO
 
 RLObjective: TypeAlias = GRPO | PPO
 RL_OBJECTIVES: dict[str, type[GRPO] | type[PPO]] = {cls.name: cls for cls in (GRPO, PPO)}
