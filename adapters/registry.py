@@ -26,11 +26,11 @@ from raptb.core.ports import Score, Task
 
 # Modules that register the shipped tasks, in the order ``--task`` lists them.
 BUILTIN_TASK_MODULES = (
-    "raptb.adapters.expr24",
-    "raptb.adapters.smiles",
-    "raptb.adapters.commongen_spec",
-    "raptb.adapters.amp_spec",
-    "raptb.adapters.custom",
+    "raptb.adapters.tasks.expr24.task",
+    "raptb.adapters.tasks.smiles.task",
+    "raptb.adapters.tasks.commongen.spec",
+    "raptb.adapters.tasks.amp.spec",
+    "raptb.adapters.tasks.custom.task",
 )
 
 

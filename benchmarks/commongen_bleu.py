@@ -27,9 +27,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from sacrebleu.metrics import BLEU
 
-from raptb.adapters.commongen import CommonGenTask
-from raptb.adapters.commongen_data import load_concept_sets
-from raptb.adapters.commongen_metrics import corpus_bleu
+from raptb.adapters.tasks.commongen.data import load_concept_sets
+from raptb.adapters.tasks.commongen.metrics import corpus_bleu
+from raptb.adapters.tasks.commongen.task import CommonGenTask
 
 HYPOTHESES = (
     (

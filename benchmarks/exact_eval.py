@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from raptb.adapters.exact import exact_log_probs
-from raptb.adapters.expr24 import Expr24Task, enumerate_solutions
+from raptb.adapters.tasks.expr24.task import Expr24Task, enumerate_solutions
 from raptb.app.runtime import build_policy
 
 BASELINE_ROWS = 4096

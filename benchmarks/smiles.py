@@ -35,7 +35,7 @@ import torch
 from raptb.adapters.lora import apply_lora, preferred_dtype
 from raptb.adapters.models import load_model_and_tokenizer
 from raptb.adapters.policy import HFPolicy, default_grammar_threads
-from raptb.adapters.smiles import SmilesTask
+from raptb.adapters.tasks.smiles.task import SmilesTask
 from raptb.adapters.tokens import legal_token_ids, stop_token_id
 
 LLAMA_1B = "llama-1b-random"

@@ -42,8 +42,8 @@ from typing import Any
 
 import torch
 
-from raptb.adapters.expr24 import Expr24Task
 from raptb.adapters.models import load_model_and_tokenizer
+from raptb.adapters.tasks.expr24.task import Expr24Task
 from raptb.app.config import build_config
 from raptb.app.train import Trainer
 

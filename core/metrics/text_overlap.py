@@ -1,7 +1,8 @@
 """Word n-gram overlap between a candidate and reference sentences (pure Python).
 
-CommonGen's quality shaping (``adapters/commongen.py``) scores every prefix against the concept
-set's human references. Bigram F1 is the cheap, smooth choice: with multiset (clipped) counts,
+CommonGen's quality shaping (``adapters/tasks/commongen/task.py``) scores every prefix against
+the concept set's human references. Bigram F1 is the cheap, smooth choice: with multiset
+(clipped) counts,
 
     precision = |B(c) & B(r)| / |B(c)|,  recall = |B(c) & B(r)| / |B(r)|,
     F1 = 2 P R / (P + R)  (0 when either side has no bigram),

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raptb.adapters.amp import AMINO_ACIDS, AmpTask, training_peptides
-from raptb.adapters.amp_metrics import amp_metrics, levenshtein_matrix, top_k
+from raptb.adapters.tasks.amp.metrics import amp_metrics, levenshtein_matrix, top_k
+from raptb.adapters.tasks.amp.task import AMINO_ACIDS, AmpTask, training_peptides
 from raptb.core.ports import Score, Task
 
 
@@ -132,3 +132,13 @@ def test_amp_metrics_hand_computed() -> None:
     assert math.isclose(out["Novelty"], (0 + 1 + 1) / 3)  # nearest training peptide
     assert out["Len"] == 4.0
     assert amp_metrics([], [], [], ["AAAA"])["Perf"] == 0.0
+
+
+def test_runs_saved_with_the_former_default_oracle_path_get_the_default_oracle() -> None:
+    from raptb.adapters.tasks.amp.oracle import FORMER_MACREL_ORACLE, MACREL_ORACLE
+    from raptb.app.config import build_config
+
+    saved = build_config(overrides={"task": "amp", "amp.oracle": FORMER_MACREL_ORACLE})
+    assert saved.task_options().oracle == MACREL_ORACLE
+    own = build_config(overrides={"task": "amp", "amp.oracle": "math:fsum"})
+    assert own.task_options().oracle == "math:fsum"

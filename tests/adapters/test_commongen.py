@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from raptb.adapters.commongen import CommonGenTask
-from raptb.adapters.commongen_data import ConceptSet, load_concept_sets, prompt_text
-from raptb.adapters.commongen_metrics import SetSamples, commongen_metrics, corpus_bleu
-from raptb.adapters.english import is_verb, lemma_forms, sentence_problems
+from raptb.adapters.tasks.commongen.data import ConceptSet, load_concept_sets, prompt_text
+from raptb.adapters.tasks.commongen.english import is_verb, lemma_forms, sentence_problems
+from raptb.adapters.tasks.commongen.metrics import SetSamples, commongen_metrics, corpus_bleu
+from raptb.adapters.tasks.commongen.task import CommonGenTask
 from raptb.core.ports import Score, Task
 
 SET = ConceptSet(("cat", "sit", "couch"), ("The cat sits on the couch.", "A cat is on a couch."))

@@ -18,10 +18,10 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from raptb.adapters.exact import exact_log_probs
-from raptb.adapters.expr24 import Expr24Task, evaluate_expression, expr24_grammar
 from raptb.adapters.grammar import compile_grammar
 from raptb.adapters.models import build_tiny_model, load_model_and_tokenizer
 from raptb.adapters.policy import HFPolicy
+from raptb.adapters.tasks.expr24.task import Expr24Task, evaluate_expression, expr24_grammar
 from raptb.adapters.tokens import legal_token_ids, stop_token_id
 
 torch.set_num_threads(1)
@@ -187,7 +187,7 @@ def test_sampled_frequencies_of_likely_texts_match_exact():
 
 @pytest.mark.slow
 def test_expr24_exact_accuracy_matches_sampling_on_the_embedded_model():
-    from raptb.adapters.expr24 import enumerate_solutions
+    from raptb.adapters.tasks.expr24.task import enumerate_solutions
 
     task = Expr24Task()
     policy = expr24_policy(task.min_length, task.max_length, seed=0, scale=1.0)

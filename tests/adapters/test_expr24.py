@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raptb.adapters import expr24
-from raptb.adapters.expr24 import (
+from raptb.adapters.tasks.expr24 import task as expr24
+from raptb.adapters.tasks.expr24.task import (
     Expr24Task,
     compute_solutions,
     enumerate_solutions,

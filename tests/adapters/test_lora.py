@@ -17,7 +17,7 @@ from raptb.adapters.lora import (
 )
 from raptb.adapters.models import build_char_tokenizer, build_tiny_model
 from raptb.adapters.policy import HFPolicy
-from raptb.adapters.smiles import SmilesTask
+from raptb.adapters.tasks.smiles.task import SmilesTask
 from raptb.adapters.tokens import legal_token_ids
 
 TOKENIZER = build_char_tokenizer()

@@ -14,7 +14,7 @@ from rdkit.Chem import QED, rdFingerprintGenerator
 
 from raptb.adapters.grammar import GrammarBatch
 from raptb.adapters.models import build_char_tokenizer, smollm2_gguf
-from raptb.adapters.smiles import (
+from raptb.adapters.tasks.smiles.task import (
     DEFAULT_SCAFFOLD,
     SMILES_GRAMMAR,
     SmilesTask,

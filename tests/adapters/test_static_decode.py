@@ -16,12 +16,12 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from raptb.adapters.expr24 import expr24_grammar
 from raptb.adapters.lora import apply_lora
 from raptb.adapters.models import build_char_tokenizer
 from raptb.adapters.policy import HFPolicy
 from raptb.adapters.rollout import Rollout
 from raptb.adapters.static_decode import bucket_rows, resolve_decode
+from raptb.adapters.tasks.expr24.task import expr24_grammar
 from raptb.adapters.tokens import legal_token_ids, stop_token_id
 from tests.adapters.test_policy import ALPHABET, PROMPT, make_policy
 

@@ -10,7 +10,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from raptb.adapters.custom import CustomTask, load_callable
+from raptb.adapters.tasks.custom.task import CustomTask, load_callable
 from raptb.app.cli import app
 from raptb.app.config import ConfigError, build_config
 from raptb.core.ports import Score

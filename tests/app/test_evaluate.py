@@ -19,8 +19,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from raptb.adapters.expr24 import Expr24Task, enumerate_solutions, evaluate_expression
 from raptb.adapters.models import load_model_and_tokenizer
+from raptb.adapters.tasks.expr24.task import Expr24Task, enumerate_solutions, evaluate_expression
 from raptb.app.cli import app
 from raptb.app.config import RewardConfig, TrainConfig, save_config
 from raptb.app.eval_run import EvalError

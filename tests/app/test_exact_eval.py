@@ -20,8 +20,8 @@ import torch
 from typer.testing import CliRunner
 
 from raptb.adapters.exact import exact_log_probs
-from raptb.adapters.expr24 import Expr24Task, enumerate_solutions
 from raptb.adapters.models import load_model_and_tokenizer
+from raptb.adapters.tasks.expr24.task import Expr24Task, enumerate_solutions
 from raptb.app.cli import app
 from raptb.app.config import TrainConfig, save_config
 from raptb.app.eval_run import EvalError

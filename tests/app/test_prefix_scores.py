@@ -131,7 +131,7 @@ def test_batched_path_is_used_when_nothing_fails() -> None:
 
 def test_amp_oracle_batched_equals_one_by_one() -> None:
     pytest.importorskip("macrel")
-    from raptb.adapters.amp import AmpTask
+    from raptb.adapters.tasks.amp.task import AmpTask
 
     texts = ["GLFDIVKKVVGALGSL", "KKKKKKKKKK", "ACDEFGHIK", "XYZ", "RRWWRRWWRR", "GLFDIVKKVVGALGSL"]
     batched = RewardCaller(AmpTask()).score_many("p", texts)

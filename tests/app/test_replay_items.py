@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from raptb.adapters.expr24 import Expr24Task
 from raptb.adapters.registry import task_spec
-from raptb.adapters.smiles import SmilesTask
+from raptb.adapters.tasks.expr24.task import Expr24Task
+from raptb.adapters.tasks.smiles.task import SmilesTask
 from raptb.app.prefix_reward import PrefixScorer, ScoredRows
 from raptb.app.replay_items import replay_items
 from raptb.app.runtime import build_policy

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from raptb.adapters.custom import CustomTask, load_callable
-from raptb.adapters.expr24 import Expr24Task
-from raptb.adapters.smiles import DEFAULT_SCAFFOLD, SmilesTask
+from raptb.adapters.tasks.custom.task import CustomTask, load_callable
+from raptb.adapters.tasks.expr24.task import Expr24Task
+from raptb.adapters.tasks.smiles.task import DEFAULT_SCAFFOLD, SmilesTask
 from raptb.app.reward_calls import RewardCaller, RewardFailure
 from tests.app.test_crash_safety import records, run_main
 

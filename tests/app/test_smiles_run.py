@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from raptb.adapters.models import SMOLLM2
-from raptb.adapters.smiles import SmilesTask
+from raptb.adapters.tasks.smiles.task import SmilesTask
 from raptb.app.cli import app
 from raptb.app.config import build_config
 from raptb.app.prefix_reward import PrefixScorer

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from raptb.adapters.expr24 import SCORE_CACHE_LIMIT, Expr24Task
-from raptb.adapters.smiles import SmilesTask
+from raptb.adapters.tasks.expr24.task import SCORE_CACHE_LIMIT, Expr24Task
+from raptb.adapters.tasks.smiles.task import SmilesTask
 from raptb.app.config import build_config
 from raptb.app.prefix_reward import DEFAULT_SCORE_CACHE_SIZE, PrefixScorer, ScoreCache
 from raptb.app.replay_items import new_items

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raptb.adapters.expr24 import Expr24Task
+from raptb.adapters.tasks.expr24.task import Expr24Task
 from raptb.app.mix_schedule import Mix
 from raptb.app.prefix_reward import PrefixScorer
 from raptb.app.replay_items import new_items, replay_items

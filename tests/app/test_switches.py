@@ -13,7 +13,7 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from raptb.adapters.expr24 import Expr24Task
+from raptb.adapters.tasks.expr24.task import Expr24Task
 from raptb.app import train_command
 from raptb.app.cli import app
 from raptb.app.config import ConfigError, TrainConfig, build_config

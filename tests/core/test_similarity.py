@@ -77,7 +77,7 @@ def test_tanimoto_equals_rdkit_bulk_on_morgan_fingerprints():
     from rdkit import Chem, DataStructs
     from rdkit.Chem import rdFingerprintGenerator
 
-    from raptb.adapters.chem_fp import morgan_packed
+    from raptb.adapters.tasks.smiles.chem_fp import morgan_packed
 
     smiles = [
         "CCO",

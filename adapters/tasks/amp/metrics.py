@@ -5,7 +5,8 @@ first occurrence); then
 
     Perf = mean oracle score;   Div = mean Levenshtein distance over unordered pairs;
     Novelty = mean over the top-k of the minimum Levenshtein distance to the training peptides
-    (the shipped 3,219, :func:`~raptb.adapters.amp.training_peptides`);  Len = mean length.
+    (the shipped 3,219, :func:`~raptb.adapters.tasks.amp.task.training_peptides`);
+    Len = mean length.
 
 Distances come from rapidfuzz's C++ Levenshtein (unit costs), all pairs in one ``cdist`` call;
 ``tests/adapters/test_amp_metrics.py`` checks it against a plain dynamic-programming reference.

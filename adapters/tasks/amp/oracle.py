@@ -26,7 +26,9 @@ import numpy as np
 from raptb.adapters.dotted_path import load_dotted
 
 Oracle = Callable[[list[str]], Sequence[float]]
-MACREL_ORACLE = "raptb.adapters.amp_oracle:macrel_amp_probability"
+MACREL_ORACLE = "raptb.adapters.tasks.amp.oracle:macrel_amp_probability"
+FORMER_MACREL_ORACLE = "raptb.adapters.amp_oracle:macrel_amp_probability"
+"""The default oracle's path before AMP had its folder, which earlier runs saved."""
 MACREL_MISSING = (
     "amp.oracle: the default oracle needs Macrel; install it with pip install 'raptb[amp]' "
     "or name your own with --oracle module:function"

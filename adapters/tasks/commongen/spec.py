@@ -17,22 +17,23 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from raptb.adapters.commongen import CommonGenTask
-from raptb.adapters.commongen_data import DIAGNOSTIC_SOURCE, load_concept_sets
-from raptb.adapters.commongen_metrics import (
+from raptb.adapters.registry import TaskOptions, TaskSpec, register_task
+from raptb.adapters.tasks.commongen.data import DIAGNOSTIC_SOURCE, load_concept_sets
+from raptb.adapters.tasks.commongen.metrics import (
     EVAL_SAMPLES_PER_SET,
     METRIC_NAMES,
     SetSamples,
     commongen_metrics,
 )
-from raptb.adapters.registry import TaskOptions, TaskSpec, register_task
+from raptb.adapters.tasks.commongen.task import CommonGenTask
 from raptb.core.metrics import sequence_metrics
 
 STEPS = 2500
 
 
 class CommonGenOptions(TaskOptions):
-    """The ``[commongen]`` config section (module doc of ``adapters.commongen`` for the reward)."""
+    """The ``[commongen]`` config section (module doc of ``adapters.tasks.commongen.task`` for
+    the reward)."""
 
     prompts: str = Field(
         DIAGNOSTIC_SOURCE,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from sacrebleu.metrics import BLEU
 
-from raptb.adapters.commongen import CommonGenTask
+from raptb.adapters.tasks.commongen.task import CommonGenTask
 from raptb.core.metrics import mean_length, ragged_token_entropy
 from raptb.core.metrics.termination import delta_log_pterm
 

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from raptb.adapters.amp import DEFAULT_PROMPT, AmpTask, training_peptides
-from raptb.adapters.amp_metrics import TOP_K, amp_metrics
-from raptb.adapters.amp_oracle import MACREL_ORACLE
 from raptb.adapters.dotted_path import CallablePath
 from raptb.adapters.registry import TaskOptions, TaskSpec, register_task
+from raptb.adapters.tasks.amp.metrics import TOP_K, amp_metrics
+from raptb.adapters.tasks.amp.oracle import FORMER_MACREL_ORACLE, MACREL_ORACLE
+from raptb.adapters.tasks.amp.task import DEFAULT_PROMPT, AmpTask, training_peptides
 from raptb.core.metrics import sequence_metrics
 
 
 class AmpOptions(TaskOptions):
-    """The ``[amp]`` config section (module doc of ``adapters.amp`` for the reward)."""
+    """The ``[amp]`` config section (module doc of ``adapters.tasks.amp.task`` for the reward)."""
 
     oracle: CallablePath = Field(
         MACREL_ORACLE,
@@ -36,6 +36,12 @@ class AmpOptions(TaskOptions):
     top_k: Annotated[
         int, Field(ge=1, description="Evaluation: the top-k samples by oracle score.")
     ] = TOP_K
+
+    @field_validator("oracle", mode="before")
+    @classmethod
+    def _former_default(cls, value: object) -> object:
+        """The default's path before AMP had its folder, as runs saved it: the same oracle."""
+        return MACREL_ORACLE if value == FORMER_MACREL_ORACLE else value
 
 
 def _build(options: AmpOptions) -> AmpTask:

@@ -5,7 +5,7 @@ and the grammar the released one (``adapters/data/amp/amp.ebnf``: one or more of
 legal tokens of any tokenizer are those made only of these letters; 5..50 tokens.
 
 Score: terminal only. S(x) = oracle probability that x is antimicrobial, in [0, 1]
-(``adapters/amp_oracle.py``), so u_tau = lambda S with lambda = 50 and u_k = 0 for k < tau
+(``adapters/tasks/amp/oracle.py``), so u_tau = lambda S with lambda = 50 and u_k = 0 for k < tau
 (:meth:`AmpTask.prefix_score`, which the trainer must use for prefixes that are not the last).
 A text with a letter outside the alphabet (possible through a custom tokenizer or a user's
 samples) is invalid with score 0; the oracle never sees it. :meth:`AmpTask.score_batch` scores many
@@ -17,15 +17,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from raptb.adapters.amp_metrics import TOP_K
-from raptb.adapters.amp_oracle import (
+from raptb.adapters.shipped_data import shipped_text
+from raptb.adapters.tasks.amp.metrics import TOP_K
+from raptb.adapters.tasks.amp.oracle import (
     MACREL_ORACLE,
     CheckedOracle,
     Oracle,
     load_oracle,
     require_macrel,
 )
-from raptb.adapters.shipped_data import shipped_text
 from raptb.core.ports import Score, check_length_bounds
 
 AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"

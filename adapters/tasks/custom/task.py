@@ -111,8 +111,8 @@ class CustomOptions(TaskOptions):
     reward: CallablePath | None = Field(
         None,
         description="'module:function' taking (prompt, text) and returning a score "
-        "(see adapters.custom); the module is looked up in the current directory first, then "
-        "on PYTHONPATH.",
+        "(see adapters.tasks.custom.task); the module is looked up in the current directory "
+        "first, then on PYTHONPATH.",
     )
     alphabet: str | None = Field(
         None, description="Characters generated tokens may use; None allows every token."

@@ -39,8 +39,8 @@ from rdkit import Chem
 from rdkit.Chem import QED
 from rdkit.rdBase import BlockLogs
 
-from raptb.adapters.chem_fp import morgan_packed
 from raptb.adapters.registry import TaskOptions, TaskSpec, register_task
+from raptb.adapters.tasks.smiles.chem_fp import morgan_packed
 from raptb.core.metrics import smiles_metrics
 from raptb.core.ports import Score, check_length_bounds
 

@@ -1,10 +1,11 @@
 """CommonGen: write one sentence that uses every concept of a set (paper: "Results on CommonGen").
 
-Prompts: one per concept set (``adapters/commongen_data.py``); by default the paper's 10
+Prompts: one per concept set (``adapters/tasks/commongen/data.py``); by default the paper's 10
 diagnostic sets. Generation is free text: no grammar; the alphabet is ASCII letters, the space
-and ordinary punctuation (:data:`~raptb.adapters.english.SENTENCE_CHARACTERS`), so the legal
-tokens of any tokenizer are its non-special tokens made of those characters (SmolLM2's word
-pieces with their leading space, or the embedded model's single characters: words from
+and ordinary punctuation
+(:data:`~raptb.adapters.tasks.commongen.english.SENTENCE_CHARACTERS`), so the legal tokens of any
+tokenizer are its non-special tokens made of those characters (SmolLM2's word pieces with their
+leading space, or the embedded model's single characters: words from
 characters). The stop action is ``"."`` (:attr:`CommonGenTask.stop`), or EOS where a tokenizer has
 no single "." token; min 4 / max 20 tokens.
 
@@ -13,12 +14,14 @@ Task score per prefix (tasks-more.md), with x_k the text of the first k tokens:
     c_k = coverage_weight * coverage(x_k) + quality_weight * quality(x_k)            (k < tau)
     c_tau = the same + hard_coverage_bonus * [every concept present]                (terminal)
 
-coverage = fraction of concepts present (lemma match, :func:`~raptb.adapters.english.lemma_forms`
-on both sides); quality = the best bigram F1 of x_k against the set's references
-(``core/metrics/text_overlap.py``), or sentence BLEU-4 with exponential smoothing (sacrebleu)
-divided by 100 when ``quality="bleu"``. The terminal text must also be one valid sentence
-(:func:`~raptb.adapters.english.sentence_problems`); an invalid one scores 0, as every task's
-invalid text does. A partial last word of a prefix counts as typed (a shaping signal only).
+coverage = fraction of concepts present (lemma match,
+:func:`~raptb.adapters.tasks.commongen.english.lemma_forms` on both sides); quality = the best
+bigram F1 of x_k against the set's references (``core/metrics/text_overlap.py``), or sentence
+BLEU-4 with exponential smoothing (sacrebleu) divided by 100 when ``quality="bleu"``. The
+terminal text must also be one valid sentence
+(:func:`~raptb.adapters.tasks.commongen.english.sentence_problems`); an invalid one scores 0, as
+every task's invalid text does. A partial last word of a prefix counts as typed (a shaping
+signal only).
 
 :meth:`CommonGenTask.score` is the terminal score; :meth:`CommonGenTask.prefix_score` the score of a
 prefix that is not the sample's last (k < tau), which the trainer must use there.
@@ -32,8 +35,8 @@ from typing import Literal
 
 from sacrebleu.metrics import BLEU
 
-from raptb.adapters.commongen_data import ConceptSet, diagnostic_concept_sets
-from raptb.adapters.english import (
+from raptb.adapters.tasks.commongen.data import ConceptSet, diagnostic_concept_sets
+from raptb.adapters.tasks.commongen.english import (
     SENTENCE_CHARACTERS,
     SENTENCE_END,
     is_valid_sentence,

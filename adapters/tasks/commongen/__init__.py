@@ -1,0 +1,2 @@
+"""CommonGen: the task (``task``), its concept sets (``data``), English word rules
+(``english``), metrics (``metrics``) and registry entry (``spec``)."""

@@ -1,0 +1,1 @@
+"""User-defined tasks: a reward function named by dotted path (``task``)."""

@@ -1,0 +1,1 @@
+"""Expr24: arithmetic expressions over single digits that evaluate to 24 (``task``)."""
