@@ -12,14 +12,14 @@ from typing import Annotated
 import typer
 
 from raptb import __version__
-from raptb.app.bench import subm as bench_subm
-from raptb.app.config_reference import config_command
-from raptb.app.enumerate import enumerate_command
+from raptb.app.configuration.reference import config_command
+from raptb.app.distribution.launch import launch_command
 from raptb.app.errors import run_cli
-from raptb.app.evaluate import eval_command
-from raptb.app.launch import launch_command
+from raptb.app.evaluation.bench import subm as bench_subm
+from raptb.app.evaluation.enumerate import enumerate_command
+from raptb.app.evaluation.evaluate import eval_command
 from raptb.app.study.command import study_command
-from raptb.app.train_command import train_command
+from raptb.app.training.train_command import train_command
 
 app = typer.Typer(
     name="raptb",

@@ -1,7 +1,7 @@
 """The ``raptb`` console script's module, kept free of heavy imports.
 
-Worker processes started with ``spawn`` (the reward pool, app.reward_calls) re-import the main
-module; importing the command line itself here would cost each worker torch and transformers.
+Worker processes started with ``spawn`` (the reward pool, app.training.reward_calls) re-import the
+main module; importing the command line itself here would cost each worker torch and transformers.
 """
 
 from __future__ import annotations

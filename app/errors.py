@@ -22,13 +22,13 @@ from rich.console import Console
 from rich.markup import escape
 
 from raptb.adapters.plugins import PluginError
-from raptb.app.checkpoint import CheckpointError
-from raptb.app.config import ConfigError
-from raptb.app.distributed import PeerFailure
-from raptb.app.resume import RunMismatch
-from raptb.app.reward_calls import RewardFailure
-from raptb.app.run_lock import RunLocked
-from raptb.app.train import TrainingError
+from raptb.app.configuration.config import ConfigError
+from raptb.app.distribution.distributed import PeerFailure
+from raptb.app.run_dir.checkpoint import CheckpointError
+from raptb.app.run_dir.resume import RunMismatch
+from raptb.app.run_dir.run_lock import RunLocked
+from raptb.app.training.reward_calls import RewardFailure
+from raptb.app.training.train import TrainingError
 
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "RAPTB_DEBUG"

@@ -1,5 +1,5 @@
 """Wiring shared by training and evaluation: task, model, policy and the reference prior (the
-per-prefix task reward is app.prefix_reward's).
+per-prefix task reward is app.training.prefix_reward's).
 
 Per-prefix rewards (objectives.md): for a trajectory with tokens x_1..x_tau and every k <= tau,
 
@@ -25,7 +25,7 @@ from raptb.adapters.policy import HFPolicy, default_grammar_threads
 from raptb.adapters.registry import task_spec
 from raptb.adapters.static_decode import DecodeMode
 from raptb.adapters.tokens import legal_token_ids, stop_token_id
-from raptb.app.config import LoraConfig, TinyConfig, TrainConfig
+from raptb.app.configuration.config import LoraConfig, TinyConfig, TrainConfig
 from raptb.core.ports import Task, TaskCapabilities
 
 _log = logging.getLogger(__name__)

@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-from raptb.app.config import build_config
-from raptb.app.evaluate import evaluate
-from raptb.app.train import Trainer
+from raptb.app.configuration.config import build_config
+from raptb.app.evaluation.evaluate import evaluate
+from raptb.app.training.train import Trainer
 
 WARMUP_STEPS = 5
 

@@ -69,7 +69,7 @@ from train_step import FIXED_PROMPT, MODEL_CONFIGS, write_random_model
 from raptb.adapters.grammar import GrammarBatch, packed_width, unpack_bitmask
 from raptb.adapters.policy import HFPolicy
 from raptb.adapters.rollout import Rollout, sample_rollout
-from raptb.app.config import build_config
+from raptb.app.configuration.config import build_config
 from raptb.app.runtime import build_policy, build_task
 from raptb.core.ports import Task
 

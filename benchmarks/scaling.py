@@ -84,8 +84,8 @@ def _state_bytes(out: Path, model: str, lora_rank: int) -> None:
     rank's bytes of parameters, gradients and optimizer states."""
     import torch
 
-    from raptb.app.config import build_config
-    from raptb.app.train import Trainer
+    from raptb.app.configuration.config import build_config
+    from raptb.app.training.train import Trainer
 
     overrides = {"model": model, "lora.rank": lora_rank, "steps": 1, "threads": 1}
     overrides |= {"optim.batch_size": 4, "replay.kind": "none", "checkpoint_every": 10}

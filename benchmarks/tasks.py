@@ -39,11 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from train_step import STEP_PARTS, timed_optimizer_step
 
-from raptb.app.config import build_config
-from raptb.app.prefix_reward import PrefixScorer
+from raptb.app.configuration.config import build_config
 from raptb.app.runtime import build_task
-from raptb.app.step import roll_out
-from raptb.app.train import Trainer
+from raptb.app.training.prefix_reward import PrefixScorer
+from raptb.app.training.step import roll_out
+from raptb.app.training.train import Trainer
 
 TASKS = ("expr24", "smiles", "commongen", "amp")
 

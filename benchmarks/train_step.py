@@ -6,8 +6,8 @@ Usage (from the repository root):
 
 Builds the default ``raptb train`` configuration (embedded tiny model, Expr24, RapTB, SubM),
 warms the replay buffer up, then runs on-policy micro-batches of 32 trajectories through the
-trainer's own stages (``raptb.app.step``) and times each: collect (the rollout, split into model
-forwards, grammar masking and the rest), reward (per-prefix task scores, u as a tensor, the
+trainer's own stages (``raptb.app.training.step``) and times each: collect (the rollout, split into
+model forwards, grammar masking and the rest), reward (per-prefix task scores, u as a tensor, the
 reference prior when kappa > 0), loss (teacher-forced rescoring forward, objective, backward) and
 the buffer update (new items and ``buffer.add``). Prints medians and each stage's share.
 
@@ -21,7 +21,7 @@ times ``--optimizer-steps`` steps after ``--warmup`` untimed ones (``--compare-r
 step's rows rolled out in one call, as the trainer does, against one call per micro-batch, the
 layout before one rollout per step, alternating step by step). Every micro-batch is sampled
 on-policy (p_replay 0, so each step rolls out ``batch-size x grad-accum`` trajectories) and goes
-through the same ``raptb.app.step`` stages: collect (the rollout; its grammar time from the
+through the same ``raptb.app.training.step`` stages: collect (the rollout; its grammar time from the
 rollout's own timings), reward (task scores, then the reference pass: kappa > 0, the frozen base
 with the LoRA adapter disabled), loss_step (teacher-forced rescoring forward, objective, backward),
 new_items + ``buffer.add`` (replay refresh), then gradient clipping and the optimizer step as
@@ -53,12 +53,12 @@ from typing import Any
 import torch
 
 from raptb.adapters.policy import HFPolicy
-from raptb.app.config import build_config
-from raptb.app.mix_schedule import Mix
-from raptb.app.replay_items import new_items
-from raptb.app.step import loss_step, reward, roll_out
-from raptb.app.step_batch import collect_step, micro_batches, plan_rows
-from raptb.app.train import Trainer
+from raptb.app.configuration.config import build_config
+from raptb.app.training.mix_schedule import Mix
+from raptb.app.training.replay_items import new_items
+from raptb.app.training.step import loss_step, reward, roll_out
+from raptb.app.training.step_batch import collect_step, micro_batches, plan_rows
+from raptb.app.training.train import Trainer
 
 # Every micro-batch on-policy at temperature 1, no oracle: the path every sampled batch takes.
 ON_POLICY = Mix(
@@ -189,8 +189,8 @@ def timed_policy(policy: HFPolicy) -> Iterator[tuple[_Timed, _Timed]]:
 def timed_optimizer_step(trainer: Trainer, rollouts: int = 1) -> tuple[dict[str, float], int]:
     """One optimizer step of on-policy rows through the trainer's stages, timed by component;
     returns (times, generated tokens). The step's batch_size x grad_accum rows are planned
-    (``app.step_batch``), rolled out in ``rollouts`` calls (1: the trainer's one rollout per
-    step; grad_accum: one per micro-batch, the layout before), scored, and their loss runs over
+    (``app.training.step_batch``), rolled out in ``rollouts`` calls (1: the trainer's one rollout
+    per step; grad_accum: one per micro-batch, the layout before), scored, and their loss runs over
     micro-batches of batch_size rows; the buffer is refreshed once."""
     cfg, policy, task = trainer.cfg, trainer.policy, trainer.task
     parts = dict.fromkeys(STEP_PARTS, 0.0)

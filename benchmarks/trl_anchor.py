@@ -58,8 +58,8 @@ from train_step import (
 )
 
 from raptb.adapters.lora import lora_target_modules
-from raptb.app.config import build_config
-from raptb.app.train import Trainer
+from raptb.app.configuration.config import build_config
+from raptb.app.training.train import Trainer
 
 LORA = {"r": 16, "lora_alpha": 16.0, "lora_dropout": 0.1}
 TRL_BETA = 0.04

@@ -44,8 +44,8 @@ import torch
 
 from raptb.adapters.models import load_model_and_tokenizer
 from raptb.adapters.tasks.expr24.task import Expr24Task
-from raptb.app.config import build_config
-from raptb.app.train import Trainer
+from raptb.app.configuration.config import build_config
+from raptb.app.training.train import Trainer
 
 
 def tail_mean(values: list[float], fraction: float = 0.1) -> float:

@@ -44,12 +44,12 @@ _EXPORTS = {
     "register_task": "raptb.adapters.registry",
     "task_spec": "raptb.adapters.registry",
     "task_names": "raptb.adapters.registry",
-    "TrainConfig": "raptb.app.config",
-    "build_config": "raptb.app.config",
-    "Trainer": "raptb.app.train",
-    "RLTrainer": "raptb.app.trainers",
-    "make_trainer": "raptb.app.trainers",
-    "evaluate": "raptb.app.evaluate",
+    "TrainConfig": "raptb.app.configuration.config",
+    "build_config": "raptb.app.configuration.config",
+    "Trainer": "raptb.app.training.train",
+    "RLTrainer": "raptb.app.training.trainers",
+    "make_trainer": "raptb.app.training.trainers",
+    "evaluate": "raptb.app.evaluation.evaluate",
 }
 __all__ = ["__version__", *_EXPORTS]
 

@@ -1,9 +1,9 @@
 """A study's runs: the cross product axes x rows x seeds (plus extra cells), each a checked config.
 
-Every run's configuration is built by ``app.config.build_config``, the function ``raptb train``
-uses, from base_config < [base] < the axis values < the row's overrides < the seed; so a typo
-in a dotted path or a value of the wrong type is a one-line error naming the study file, the
-part of it that sets the field, and the field.
+Every run's configuration is built by ``app.configuration.config.build_config``, the function
+``raptb train`` uses, from base_config < [base] < the axis values < the row's overrides < the seed;
+so a typo in a dotted path or a value of the wrong type is a one-line error naming the study file,
+the part of it that sets the field, and the field.
 
 Order: cells in axis order (each axis's values as listed, values only named by extra cells after
 them), then rows in file order, then seeds; a run's directory name joins its axis values, its
@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from raptb.app.config import ConfigError, TrainConfig, build_config
+from raptb.app.configuration.config import ConfigError, TrainConfig, build_config
 from raptb.app.study.spec import ROW_KEY, StudyError, StudySpec, Value, flatten
 
 SEED_KEY = "seed"

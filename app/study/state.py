@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raptb.app.checkpoint import checkpoint_step, latest_checkpoint
-from raptb.app.config import ConfigError, TrainConfig, build_config
-from raptb.app.run_lock import lock_holder
+from raptb.app.configuration.config import ConfigError, TrainConfig, build_config
+from raptb.app.run_dir.checkpoint import checkpoint_step, latest_checkpoint
+from raptb.app.run_dir.run_lock import lock_holder
 
 METRICS = Path("eval") / "metrics.json"
 EXACT = Path("eval") / "exact.json"

@@ -136,7 +136,7 @@ def test_amp_metrics_hand_computed() -> None:
 
 def test_runs_saved_with_the_former_default_oracle_path_get_the_default_oracle() -> None:
     from raptb.adapters.tasks.amp.oracle import FORMER_MACREL_ORACLE, MACREL_ORACLE
-    from raptb.app.config import build_config
+    from raptb.app.configuration.config import build_config
 
     saved = build_config(overrides={"task": "amp", "amp.oracle": FORMER_MACREL_ORACLE})
     assert saved.task_options().oracle == MACREL_ORACLE

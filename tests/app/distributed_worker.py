@@ -28,14 +28,14 @@ from accelerate import PartialState
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from raptb.adapters.registry import task_spec
-from raptb.app.config import build_config
-from raptb.app.distributed import DistContext
-from raptb.app.micro_batch import combine_micro_batch
-from raptb.app.mix_schedule import Mix
-from raptb.app.step import LossResult, Trajectories, roll_out
-from raptb.app.step_batch import RowPlan, StepBatch, plan_rows
-from raptb.app.train import Trainer
-from raptb.app.trainers import make_trainer
+from raptb.app.configuration.config import build_config
+from raptb.app.distribution.distributed import DistContext
+from raptb.app.training.micro_batch import combine_micro_batch
+from raptb.app.training.mix_schedule import Mix
+from raptb.app.training.step import LossResult, Trajectories, roll_out
+from raptb.app.training.step_batch import RowPlan, StepBatch, plan_rows
+from raptb.app.training.train import Trainer
+from raptb.app.training.trainers import make_trainer
 from raptb.core.replay import ReplayItem, make_buffer
 
 
@@ -229,10 +229,10 @@ def buffers(out: Path) -> None:
 
 def clipping(out: Path) -> None:
     """Random gradients on a sharded tiny model plus an unsharded scalar (logZ's role), clipped by
-    ``app.sharding.clip_grad_norm``; saves the whole clipped gradients and the norm returned, and
-    the same random gradients unclipped (identical on every rank: one seed)."""
+    ``app.distribution.sharding.clip_grad_norm``; saves the whole clipped gradients and the norm
+    returned, and the same random gradients unclipped (identical on every rank: one seed)."""
     from raptb.adapters.models import build_char_tokenizer, build_tiny_model
-    from raptb.app.sharding import ShardingPlan, clip_grad_norm, shard_model
+    from raptb.app.distribution.sharding import ShardingPlan, clip_grad_norm, shard_model
 
     ctx = DistContext.from_accelerate()
     model = build_tiny_model(build_char_tokenizer(), seed=0)

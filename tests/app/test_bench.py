@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-import raptb.app.bench as bench_module
-from raptb.app.bench import numpy_lazy_greedy
+import raptb.app.evaluation.bench as bench_module
 from raptb.app.cli import app
+from raptb.app.evaluation.bench import numpy_lazy_greedy
 from raptb.core.subm.select import SCALE, QuantisedSimilarity, subm_select
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from torch.distributed import DistBackendError
 
-from raptb.app.checkpoint import list_checkpoints
 from raptb.app.errors import describe
+from raptb.app.run_dir.checkpoint import list_checkpoints
 from tests.app.distributed_worker import cli, free_port, run_ranks
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from raptb.app.cli import app
-from raptb.app.config import ObjectiveConfig
-from raptb.app.config_reference import TABLE_END, TABLE_START, config_fields, markdown_table
+from raptb.app.configuration.config import ObjectiveConfig
+from raptb.app.configuration.reference import TABLE_END, TABLE_START, config_fields, markdown_table
 from raptb.core.gfn.objectives import OBJECTIVES
 
 REFERENCE_PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from raptb.app.checkpoint import list_checkpoints, verify
 from raptb.app.cli import app, main
+from raptb.app.run_dir.checkpoint import list_checkpoints, verify
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = [
@@ -204,7 +204,7 @@ def test_disk_full_is_one_line_and_keeps_the_last_checkpoint(tmp_path, capsys, m
 
 def fail_writing(monkeypatch, name: str) -> None:
     """Make durable writes of files called ``name`` hit a full disk (ENOSPC at the fsync)."""
-    import raptb.app.durable as durable
+    import raptb.app.run_dir.durable as durable
 
     real_mkstemp, real_fsync, made = durable.tempfile.mkstemp, durable.os.fsync, []
 

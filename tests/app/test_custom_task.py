@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from raptb.adapters.tasks.custom.task import CustomTask, load_callable
 from raptb.app.cli import app
-from raptb.app.config import ConfigError, build_config
+from raptb.app.configuration.config import ConfigError, build_config
 from raptb.core.ports import Score
 
 REWARDS = """
@@ -113,7 +113,7 @@ def test_a_crashing_reward_marks_samples_invalid(reward_module, tmp_path):
             "replay.kind": "none",
         }
     )
-    from raptb.app.train import Trainer
+    from raptb.app.training.train import Trainer
 
     calls = importlib.import_module(reward_module).BOOM_CALLS
     before = len(calls)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from raptb.app.config import ConfigError, build_config
-from raptb.app.train import Trainer
+from raptb.app.configuration.config import ConfigError, build_config
+from raptb.app.training.train import Trainer
 
 OVERRIDES = {
     "task": "expr24",

@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from raptb.app.distributed import (
+from raptb.app.distribution.distributed import (
     DistContext,
     per_rank_batch,
     rank_rng_state,

@@ -20,10 +20,10 @@ import torch
 from safetensors.torch import load_file
 
 from raptb.adapters.models import build_char_tokenizer, build_tiny_model
-from raptb.app.config import build_config
-from raptb.app.distributed import DistContext
+from raptb.app.configuration.config import build_config
+from raptb.app.distribution.distributed import DistContext
+from raptb.app.distribution.sharding import ShardingPlan, plan_from_accelerate, shard_model
 from raptb.app.runtime import build_policy, build_task
-from raptb.app.sharding import ShardingPlan, plan_from_accelerate, shard_model
 from tests.app.distributed_worker import (
     FSDP_ENV,
     cli,

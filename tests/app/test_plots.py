@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from raptb.app import plots
+from raptb.app.evaluation import plots
 from raptb.core.metrics import prefix_diagnostics
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

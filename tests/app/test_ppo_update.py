@@ -1,6 +1,7 @@
-"""PPO on TRL's update schedule (app.ppo_update): the one-epoch case equals the single-pass step,
-later passes see the updated policy, one optimizer step per mini-batch, mini-batches partition
-the rows, whole-step advantages, and the one-line error for rows that do not split."""
+"""PPO on TRL's update schedule (app.training.ppo_update): the one-epoch case equals the
+single-pass step, later passes see the updated policy, one optimizer step per mini-batch,
+mini-batches partition the rows, whole-step advantages, and the one-line error for rows that do not
+split."""
 
 from __future__ import annotations
 
@@ -11,16 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-import raptb.app.algorithms.rl_rollout as rl_rollout
-from raptb.app.algorithms.rl_rollout import RLStats, rl_record
+import raptb.app.training.algorithms.rl_rollout as rl_rollout
 from raptb.app.cli import app
-from raptb.app.config import ConfigError, build_config
-from raptb.app.micro_batch import step_result
-from raptb.app.ppo_update import PPORollout, mini_batches, step_targets
-from raptb.app.rl_step import rl_loss_step
-from raptb.app.step import Trajectories
-from raptb.app.train import Trainer, TrainingError
-from raptb.app.trainers import make_trainer
+from raptb.app.configuration.config import ConfigError, build_config
+from raptb.app.training.algorithms.rl_rollout import RLStats, rl_record
+from raptb.app.training.micro_batch import step_result
+from raptb.app.training.ppo_update import PPORollout, mini_batches, step_targets
+from raptb.app.training.rl_step import rl_loss_step
+from raptb.app.training.step import Trajectories
+from raptb.app.training.train import Trainer, TrainingError
+from raptb.app.training.trainers import make_trainer
 from raptb.core.rl.ppo import PPO
 from tests.app.test_train import records, small_config
 from tests.core import rl_reference as ref

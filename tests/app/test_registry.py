@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from raptb.adapters.registry import register_task, task_names, task_spec
 from raptb.app.cli import app
-from raptb.app.config import ConfigError, build_config
-from raptb.app.evaluate import evaluate
-from raptb.app.train import Trainer
+from raptb.app.configuration.config import ConfigError, build_config
+from raptb.app.evaluation.evaluate import evaluate
+from raptb.app.training.train import Trainer
 from raptb.core.ports import Score
 from tests.app import toy_task
 from tests.core.test_replay import EXPR24_SUBM, SMILES_SUBM

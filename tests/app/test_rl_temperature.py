@@ -10,13 +10,13 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-import raptb.app.algorithms.rl_rollout as rl_rollout
-from raptb.app.config import ConfigError, build_config
-from raptb.app.config_reference import default_text
-from raptb.app.step import Trajectories
-from raptb.app.step_batch import StepBatch
-from raptb.app.train import Trainer
-from raptb.app.trainers import make_trainer
+import raptb.app.training.algorithms.rl_rollout as rl_rollout
+from raptb.app.configuration.config import ConfigError, build_config
+from raptb.app.configuration.reference import default_text
+from raptb.app.training.step import Trajectories
+from raptb.app.training.step_batch import StepBatch
+from raptb.app.training.train import Trainer
+from raptb.app.training.trainers import make_trainer
 from raptb.core.rl.batch import RLBatch
 from raptb.core.rl.grpo import GRPO
 from raptb.core.rl.ppo import PPO

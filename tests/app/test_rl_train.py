@@ -10,15 +10,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from raptb.app.algorithms.grpo import GRPOAlgorithm
-from raptb.app.algorithms.ppo import PPOAlgorithm
-from raptb.app.checkpoint import _seal as seal
 from raptb.app.cli import app
-from raptb.app.config import CISPO_EPSILON_HIGH, ConfigError, build_config
-from raptb.app.rl_step import rl_loss_step, sequence_rewards
-from raptb.app.step import Rewards, roll_out
-from raptb.app.train import Trainer
-from raptb.app.trainers import make_trainer
+from raptb.app.configuration.config import CISPO_EPSILON_HIGH, ConfigError, build_config
+from raptb.app.run_dir.checkpoint import _seal as seal
+from raptb.app.training.algorithms.grpo import GRPOAlgorithm
+from raptb.app.training.algorithms.ppo import PPOAlgorithm
+from raptb.app.training.rl_step import rl_loss_step, sequence_rewards
+from raptb.app.training.step import Rewards, roll_out
+from raptb.app.training.train import Trainer
+from raptb.app.training.trainers import make_trainer
 from raptb.core.rl.batch import RLBatch
 from raptb.core.rl.grpo import GRPO
 from raptb.core.rl.ppo import PPO
@@ -228,7 +228,7 @@ def test_smiles_grpo_smoke(tmp_path):
 
 def test_rl_rewards_follow_the_reward_schedules(tmp_path, monkeypatch):
     # lambda 5 -> 20 and T_R 2 -> 1 over 3 steps: step t's task reward weight is lambda(t) / T_R(t)
-    import raptb.app.algorithms.rl_rollout as rl_rollout
+    import raptb.app.training.algorithms.rl_rollout as rl_rollout
 
     seen: list[float] = []
 

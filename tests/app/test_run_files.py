@@ -9,10 +9,10 @@ import os
 
 import pytest
 
-from raptb.app.checkpoint import CheckpointError, newest_usable, save_atomically, verify
 from raptb.app.errors import describe
-from raptb.app.run_lock import PID_FILE, RunLocked, run_lock
-from raptb.app.run_log import cut_log, log_path
+from raptb.app.run_dir.checkpoint import CheckpointError, newest_usable, save_atomically, verify
+from raptb.app.run_dir.run_lock import PID_FILE, RunLocked, run_lock
+from raptb.app.run_dir.run_log import cut_log, log_path
 
 
 def test_cut_log_keeps_the_checkpointed_steps_and_drops_a_torn_line(tmp_path):

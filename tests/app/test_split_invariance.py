@@ -1,8 +1,8 @@
-"""The micro-batch split is a memory knob only (app.train, app.step_batch): with the same seed and
-rows per step, ``batch_size 8 x grad_accum 4`` and ``batch_size 32 x grad_accum 1`` roll out the
-same rows, log the same loss and diagnostics, and take the same update (policy weights and logZ),
-for every objective and replay kind. Two steps: the second draws replay rows (the buffer holds
-the first step's rows) and, with Oracle replay, oracle rows."""
+"""The micro-batch split is a memory knob only (app.training.train, app.training.step_batch): with
+the same seed and rows per step, ``batch_size 8 x grad_accum 4`` and ``batch_size 32 x grad_accum
+1`` roll out the same rows, log the same loss and diagnostics, and take the same update (policy
+weights and logZ), for every objective and replay kind. Two steps: the second draws replay rows
+(the buffer holds the first step's rows) and, with Oracle replay, oracle rows."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from raptb.app import replay_setup
-from raptb.app.config import build_config
-from raptb.app.step_batch import ORACLE, REPLAYED, SAMPLED
-from raptb.app.train import Trainer
+from raptb.app.configuration.config import build_config
+from raptb.app.training import replay_setup
+from raptb.app.training.step_batch import ORACLE, REPLAYED, SAMPLED
+from raptb.app.training.train import Trainer
 
 OBJECTIVES = ("tb", "subtb", "raptb", "avg_prefix_tb", "root_subtb_logz", "vargrad")
 REPLAY = ("none", "rp", "prt", "subm", "oracle")

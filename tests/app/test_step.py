@@ -1,4 +1,5 @@
-"""The training step's stages (app.step), the bounded prefix-score cache and one fixed-seed run."""
+"""The training step's stages (app.training.step), the bounded prefix-score cache and one
+fixed-seed run."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ import torch
 
 from raptb.adapters.tasks.expr24.task import SCORE_CACHE_LIMIT, Expr24Task
 from raptb.adapters.tasks.smiles.task import SmilesTask
-from raptb.app.config import build_config
-from raptb.app.prefix_reward import DEFAULT_SCORE_CACHE_SIZE, PrefixScorer, ScoreCache
-from raptb.app.replay_items import new_items
+from raptb.app.configuration.config import build_config
 from raptb.app.runtime import build_policy, pad_rows
-from raptb.app.step import correct_texts, reward, roll_out
-from raptb.app.step_batch import stored_rows
-from raptb.app.train import Trainer
+from raptb.app.training.prefix_reward import DEFAULT_SCORE_CACHE_SIZE, PrefixScorer, ScoreCache
+from raptb.app.training.replay_items import new_items
+from raptb.app.training.step import correct_texts, reward, roll_out
+from raptb.app.training.step_batch import stored_rows
+from raptb.app.training.train import Trainer
 from raptb.core.ports import Score
 from raptb.core.replay import make_buffer
 
@@ -38,10 +39,10 @@ def rollout(setup, seed=0):
 
 
 def test_fixed_seed_run_gives_the_losses_recorded_from_main(tmp_path: Path) -> None:
-    # Recorded with one rollout per optimizer step (app.step_batch; torch 2.13 CPU, 1 thread):
-    # replay draws, the kappa prior on replayed and sampled rows and the SubM refresh all enter
-    # these numbers. Another torch build may round differently. Seed 4: the step's rows are drawn
-    # in a new order, and with seed 0 no row of the four steps is correct, so nothing enters
+    # Recorded with one rollout per optimizer step (app.training.step_batch; torch 2.13 CPU, 1
+    # thread): replay draws, the kappa prior on replayed and sampled rows and the SubM refresh all
+    # enter these numbers. Another torch build may round differently. Seed 4: the step's rows are
+    # drawn in a new order, and with seed 0 no row of the four steps is correct, so nothing enters
     # SubM's buffer (Expr24 keeps correct rows only) and nothing is replayed. Before, recorded
     # from main's per-micro-batch rollouts with seed 0: (1749.505..., 0.0999...), (1200.047...,
     # 0.198...), (15.304..., 0.188...), (1034.192..., 0.207...); replay fractions 0.5, 0.5, 0, 0.5.

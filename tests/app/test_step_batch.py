@@ -1,4 +1,4 @@
-"""A step's rows (app.step_batch): prompt layout, per-row behaviour with replay.md's mix in
+"""A step's rows (app.training.step_batch): prompt layout, per-row behaviour with replay.md's mix in
 expectation, one rollout for all on-policy rows, stored rows as their items, micro-batch slices."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from raptb.adapters.tasks.expr24.task import Expr24Task
-from raptb.app.mix_schedule import Mix
-from raptb.app.prefix_reward import PrefixScorer
-from raptb.app.replay_items import new_items, replay_items
 from raptb.app.runtime import build_policy, pad_rows
-from raptb.app.step import reward, roll_out
-from raptb.app.step_batch import (
+from raptb.app.training.mix_schedule import Mix
+from raptb.app.training.prefix_reward import PrefixScorer
+from raptb.app.training.replay_items import new_items, replay_items
+from raptb.app.training.step import reward, roll_out
+from raptb.app.training.step_batch import (
     ORACLE,
     REPLAYED,
     SAMPLED,

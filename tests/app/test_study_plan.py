@@ -19,8 +19,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from raptb.app.cli import app
-from raptb.app.config import TrainConfig, build_config, save_config
-from raptb.app.run_lock import run_lock
+from raptb.app.configuration.config import TrainConfig, build_config, save_config
+from raptb.app.run_dir.run_lock import run_lock
 from raptb.app.study.command import write_report
 from raptb.app.study.plan import plan_study, select_runs
 from raptb.app.study.plots import curve_points, trailing_mean

@@ -14,17 +14,17 @@ import typer
 from typer.testing import CliRunner
 
 from raptb.adapters.tasks.expr24.task import Expr24Task
-from raptb.app import train_command
 from raptb.app.cli import app
-from raptb.app.config import ConfigError, TrainConfig, build_config
-from raptb.app.prefix_reward import PrefixScorer
-from raptb.app.replay_items import new_items
-from raptb.app.reward_schedule import RewardSchedule
+from raptb.app.configuration.config import ConfigError, TrainConfig, build_config
 from raptb.app.runtime import build_policy
-from raptb.app.step import reward, roll_out
-from raptb.app.step_batch import stored_rows
-from raptb.app.train import TrainResult
-from raptb.app.train_command import kappa_line
+from raptb.app.training import train_command
+from raptb.app.training.prefix_reward import PrefixScorer
+from raptb.app.training.replay_items import new_items
+from raptb.app.training.reward_schedule import RewardSchedule
+from raptb.app.training.step import reward, roll_out
+from raptb.app.training.step_batch import stored_rows
+from raptb.app.training.train import TrainResult
+from raptb.app.training.train_command import kappa_line
 from raptb.core.gfn.objectives import objective_by_name
 from raptb.core.replay import make_buffer
 from raptb.core.subm.select import subm_select
@@ -102,7 +102,7 @@ def test_cli_flags_reach_the_run_config(tmp_path: Path, seen) -> None:
 
 
 def test_every_config_field_has_a_flag_that_reaches_the_run_config(tmp_path, seen):
-    from raptb.app.config_reference import config_fields
+    from raptb.app.configuration.reference import config_fields
 
     # the flags as the parser declares them (the help text wraps with the terminal's width)
     train = typer.main.get_command(app).commands["train"]

@@ -17,7 +17,7 @@ from raptb.adapters.tasks.amp.metrics import levenshtein_matrix
 from raptb.adapters.tasks.amp.task import training_peptides
 from raptb.adapters.tasks.commongen.data import load_concept_sets
 from raptb.adapters.tasks.commongen.task import CommonGenTask
-from raptb.app.config import build_config
+from raptb.app.configuration.config import build_config
 from tests.app.test_crash_safety import records, run_main
 
 FAST = ["--steps", "2", "--batch-size", "8", "--grad-accum", "1", "--threads", "1"]

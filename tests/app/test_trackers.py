@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from raptb.app.config import ConfigError, build_config
+from raptb.app.configuration.config import ConfigError, build_config
 from tests.app.distributed_worker import cli, run_ranks
 from tests.app.test_crash_safety import run_main
 

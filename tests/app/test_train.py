@@ -12,10 +12,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from raptb.app.checkpoint import list_checkpoints
 from raptb.app.cli import app
-from raptb.app.config import ConfigError, build_config
-from raptb.app.train import Trainer, TrainingError
+from raptb.app.configuration.config import ConfigError, build_config
+from raptb.app.run_dir.checkpoint import list_checkpoints
+from raptb.app.training.train import Trainer, TrainingError
 from raptb.core.gfn.objectives import OBJECTIVES
 
 SMALL = {"optim.batch_size": 8, "optim.grad_accum": 2, "threads": 1, "checkpoint_every": 2}

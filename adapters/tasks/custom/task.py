@@ -101,7 +101,7 @@ class CustomTask:
 
     def unchecked_score(self, prompt: str, text: str) -> Score:
         """``score`` without the non-finite rule, so a caller can count NaN and inf rewards
-        (app.reward_calls)."""
+        (app.training.reward_calls)."""
         return _unchecked(self.reward(prompt, text))
 
 

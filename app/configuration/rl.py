@@ -1,0 +1,96 @@
+"""The ``[rl]`` section of a run's configuration: the reward-maximising baselines PPO and GRPO
+(``--loss ppo|grpo``, app.training.algorithms.grpo and .ppo) with TRL's names, their defaults read
+from core's GRPO and PPO dataclasses so that each is written once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any, Literal
+
+from pydantic import Field
+
+from raptb.app.configuration.sections import Section, core_default
+from raptb.core.rl.grpo import GRPO
+from raptb.core.rl.objectives import RL_OBJECTIVES
+from raptb.core.rl.ppo import PPO
+
+RL_LOSSES = tuple(RL_OBJECTIVES)
+"""The reward-maximising baselines (app.training.algorithms.grpo and .ppo), core.rl.objectives'
+registry: no logZ, no replay, rollouts at ``rl.temperature``."""
+RL_PRESET: dict[str, Any] = {"replay": {"kind": "none"}}
+"""What an RL loss sets under the file and the flags (an explicit replay other than none is an
+error)."""
+# The sampling temperature's default per method, TRL's: GRPOConfig.temperature 1.0 (TRL 1.16,
+# trl/trainer/grpo_config.py), PPOConfig.temperature 0.7 (TRL 1.12,
+# trl/experimental/ppo/ppo_config.py); the field's default is GRPO's, PPO's is its preset
+GRPO_TEMPERATURE = 1.0
+PPO_TEMPERATURE = 0.7
+RL_LOSS_PRESETS: dict[str, dict[str, Any]] = {"ppo": {"rl": {"temperature": PPO_TEMPERATURE}}}
+"""What one RL loss sets under the file and the flags, beside ``RL_PRESET``."""
+# CISPO's upper clip of the importance weight when epsilon_high is not given: ScaleRL's value
+# (TRL recommends it; its own default, epsilon, would cap every weight at 0.2)
+CISPO_EPSILON_HIGH = 5.0
+# TRL's defaults as core writes them (the names the two share are not in the [rl] section)
+_RL_DEFAULTS = {f.name: f.default for cls in (PPO, GRPO) for f in fields(cls)}
+
+
+def _trl(name: str, description: str, **constraints: Any) -> Any:
+    """A field whose default is core GRPO's or PPO's (TRL's)."""
+    return core_default(_RL_DEFAULTS, name, description, **constraints)
+
+
+class RLConfig(Section):
+    """PPO and GRPO (``--loss ppo|grpo``): TRL's names and defaults (core.rl.grpo, core.rl.ppo)."""
+
+    temperature: float = Field(
+        GRPO_TEMPERATURE,
+        description="Sampling temperature of the rollouts; log pi (old, current, reference) is "
+        "scored at it, as TRL does (TRL's defaults: GRPO 1.0, PPO 0.7).",
+        gt=0,
+        allow_inf_nan=False,
+    )
+    reward: Literal["task", "log_r"] = Field(
+        "task",
+        description="Sequence reward: 'task' = u at the stop (lambda * S of the finished text), "
+        "'log_r' = log R at the stop (adds kappa log P_ref).",
+    )
+    num_generations: int = _trl(
+        "num_generations", "GRPO: samples per group (batch_size must be a multiple).", ge=2
+    )
+    scale_rewards: Literal["group", "batch", "none"] = _trl(
+        "scale_rewards", "GRPO: divide advantages by the group's or batch's reward std, or not."
+    )
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"] = _trl(
+        "loss_type", "GRPO: loss aggregation (TRL's loss_type)."
+    )
+    epsilon: float = _trl("epsilon", "GRPO: lower clip range of the importance ratio.", ge=0)
+    epsilon_high: float | None = Field(
+        None,
+        description="GRPO: upper clip range (None: epsilon; cispo: 5.0, the ScaleRL value).",
+        ge=0,
+        allow_inf_nan=False,
+    )
+    beta: float = _trl("beta", "GRPO: weight of the k3 KL penalty to the reference.", ge=0)
+    importance_sampling_level: Literal["token", "sequence"] = _trl(
+        "importance_sampling_level", "GRPO: one ratio per token, or per sequence (GSPO)."
+    )
+    cliprange: float = _trl("cliprange", "PPO: clip range of the policy ratio.", ge=0)
+    cliprange_value: float = _trl("cliprange_value", "PPO: clip range of the value.", ge=0)
+    vf_coef: float = _trl("vf_coef", "PPO: weight of the value loss.", ge=0)
+    kl_coef: float = _trl("kl_coef", "PPO: per-token KL penalty in the rewards.", ge=0)
+    kl_estimator: Literal["k1", "k3"] = _trl("kl_estimator", "PPO: KL estimator.")
+    gamma: float = _trl("gamma", "PPO: discount.", ge=0, le=1)
+    lam: float = _trl("lam", "PPO: GAE lambda.", ge=0, le=1)
+    whiten_rewards: bool = _trl("whiten_rewards", "PPO: whiten the token rewards.")
+    # TRL's PPOConfig defaults; the update schedule (app.training.ppo_update), not the loss's, so
+    # not core's
+    num_ppo_epochs: int = Field(
+        4, description="PPO: passes over each step's rollout (TRL's num_ppo_epochs).", ge=1
+    )
+    num_mini_batches: int = Field(
+        1,
+        description="PPO: shuffled mini-batches per pass, one optimizer step each (grad_accum x "
+        "batch_size rows per process must be a multiple).",
+        ge=1,
+    )

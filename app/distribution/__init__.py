@@ -1,0 +1,2 @@
+"""Distribution: the process group and its rules (``distributed``), FSDP sharding (``sharding``)
+and ``raptb launch`` (``launch``)."""

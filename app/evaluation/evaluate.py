@@ -1,0 +1,291 @@
+"""``raptb eval RUN_DIR``: sample the trained policy, score the samples, write metrics and plots.
+
+Protocol (metrics.md): N i.i.d. samples from the run's latest checkpoint at temperature 1 with the
+training constraints (the task's legal tokens, grammar and min/max length), drawn in chunks of
+``batch_size`` rows with one ``torch.Generator`` seeded by ``seed``. The same checkpoint, seed,
+N and batch size give the same samples; a different batch size gives a different (equally valid)
+draw, because rows of a chunk share the generator in lock step.
+
+Launched on several processes (``accelerate launch -m raptb eval RUN_DIR``), rank r samples
+chunks r, r + world, ... with the generator seeded by
+``app.distribution.distributed.sampling_seed(seed, r)``; the rows are gathered in chunk order (each
+tagged with its ``rank``), so N is the same total, and rank 0 alone computes the metrics and
+writes. One process draws exactly what it always drew.
+
+Outputs under ``RUN_DIR/eval/``:
+
+    samples.jsonl   one object per sample: prompt, text, tokens (ids before the stop), length
+                    (tau), valid (the text is well-formed), correct (the task's success, from
+                    its spec: Expr24 valid and equal to 24, other tasks valid), score (S(x)),
+                    log_pterm_stop
+                    (= log_pterm[tau]; for CommonGen also ref_log_pterm_stop, the reference
+                    model's), and per step log_pf [tau], log_pterm [tau+1] (raw,
+                    untempered model log-probs) and u [tau+1] (the task part lambda * S of the
+                    per-prefix log-reward; the reference term kappa * log P_ref is not
+                    recomputed), so every metric can be recomputed offline
+    metrics.json    the task spec's metrics of the samples (Expr24: against the enumerated Y*;
+                    SMILES: with ``molecule`` and ``canonical`` added to each sample), plus an
+                    ``eval`` entry saying which checkpoint, seed and batch size produced them
+    *.png           length histogram of correct samples, prefix diagnostics by depth, score by
+                    length, the spec's per-length plots, and training curves when the run has a
+                    ``metrics.jsonl``
+
+The metrics also go to the run's experiment trackers (``report_to``, app.run_dir.trackers) at the
+checkpoint's step.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import torch
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from raptb.adapters.registry import TaskSpec, task_names, task_spec
+from raptb.app.configuration.config import ConfigError, TrainConfig, load_config
+from raptb.app.distribution.distributed import DistContext, dist_rank, leave_process_group
+from raptb.app.evaluation.eval_run import (
+    METRICS_FILE,
+    EvalError,
+    checkpoint_policy,
+    eval_dir,
+    load_run,
+)
+from raptb.app.evaluation.eval_sampling import add_reference_pterm, sample_rows
+from raptb.app.evaluation.exact_eval import exact_command
+from raptb.app.evaluation.plots import (
+    plot_length_histogram,
+    plot_metric_by_length,
+    plot_prefix_diagnostics,
+    plot_score_by_length,
+    plot_training_curves,
+)
+from raptb.app.run_dir.checkpoint import checkpoint_step
+from raptb.app.run_dir.durable import write_atomically
+from raptb.app.run_dir.trackers import Trackers
+from raptb.app.runtime import build_policy, build_task
+from raptb.app.training.prefix_reward import PrefixScorer
+from raptb.app.training.reward_schedule import RewardSchedule
+from raptb.core.ports import Task
+
+SAMPLES_FILE = "samples.jsonl"
+DEFAULT_BATCH_SIZE = 256
+
+
+def _write_plots(
+    run_dir: Path, out: Path, spec: TaskSpec, rows: list[dict[str, Any]], metrics: dict[str, Any]
+) -> None:
+    correct_lengths = [r["length"] for r in rows if r["correct"]]
+    plot_length_histogram(
+        correct_lengths, out / "length_histogram.png", title="Correct samples by length"
+    )
+    plot_prefix_diagnostics(metrics["prefix"], out / "prefix_diagnostics.png")
+    plot_score_by_length(
+        [r["length"] for r in rows], [r["score"] for r in rows], out / "score_by_length.png"
+    )
+    for key, title in spec.length_plots:
+        plot_metric_by_length(metrics["by_length"], key, out / f"{key}_by_length.png", title=title)
+    log = run_dir / "metrics.jsonl"
+    if log.is_file():
+        plot_training_curves(log, out / "training_curves.png")
+
+
+def evaluate(
+    run_dir: Path,
+    *,
+    samples: int | None = None,
+    seed: int = 0,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: bool = True,
+    dist: DistContext | None = None,
+) -> dict[str, Any]:
+    """Evaluate the latest checkpoint of ``run_dir``; write samples, metrics and plots.
+
+    dist: the processes sharing the sampling (default: from the launcher's environment); rank 0
+        writes, every rank returns the metrics.
+
+    samples: N, default the run's ``eval_samples`` (else the task's default); per prompt for a
+    task whose spec sets ``eval_per_prompt`` (CommonGen). Returns the dict
+    written to metrics.json.
+    When the run's config sets ``threads``, torch's (process-wide) thread count is set to it.
+
+    Raises:
+        EvalError: ``run_dir`` is not a run directory, has no checkpoint, the checkpoint cannot
+            be loaded, or ``samples``/``batch_size`` < 1.
+        ConfigError: the run's config.toml is invalid.
+    """
+    run_dir = Path(run_dir)
+    if samples is not None and samples < 1:
+        raise EvalError(f"samples: must be >= 1, got {samples}")
+    if batch_size < 1:
+        raise EvalError(f"batch_size: must be >= 1, got {batch_size}")
+    dist = DistContext.from_accelerate() if dist is None else dist
+    # rank 0 checks the run and chooses the checkpoint; the others read the config it validated
+    checkpoint = dist.on_main(lambda: load_run(run_dir)[1])
+    config = load_config(run_dir / "config.toml")
+    if config.threads is not None:
+        # the run's own thread setting: on a few shared cores a small model samples several times
+        # faster on one thread than on all of them
+        torch.set_num_threads(config.threads)
+    spec = task_spec(config.task)
+    task = build_task(config)
+    policy = checkpoint_policy(config, checkpoint, task, device=dist.device)
+    # u of the target the schedules end at (lambda_end / T_R,end): what the sampler was trained
+    # towards, not the schedule's start
+    final = RewardSchedule(config.reward, config.schedule_horizon).at(config.schedule_horizon)
+    scorer = PrefixScorer(task, policy, final.scale)
+    n = config.eval_sample_count if samples is None else samples
+    rows = sample_rows(
+        policy,
+        task,
+        spec,
+        scorer,
+        samples=n,
+        seed=seed,
+        batch_size=batch_size,
+        progress=progress,
+        dist=dist,
+    )
+    if spec.reference_pterm and dist.is_main:
+        adapter = bool(config.lora.rank)
+        reference = (
+            policy
+            if adapter
+            else build_policy(config.model, task, config.seed, device=dist.device, tiny=config.tiny)
+        )
+        add_reference_pterm(rows, reference, adapter=adapter, batch_size=batch_size)
+    return dist.on_main(
+        lambda: _write_eval(
+            run_dir, checkpoint, config, spec, task, rows, seed, batch_size, dist.world_size
+        )
+    )
+
+
+def _write_eval(
+    run_dir: Path,
+    checkpoint: Path,
+    config: TrainConfig,
+    spec: TaskSpec,
+    task: Task,
+    rows: list[dict[str, Any]],
+    seed: int,
+    batch_size: int,
+    processes: int,
+) -> dict[str, Any]:
+    """The metrics of ``rows``, written with the samples and plots to ``run_dir``/eval."""
+    metrics = spec.metrics(task, rows)
+    metrics["eval"] = {
+        "checkpoint": checkpoint.name,
+        "step": checkpoint_step(checkpoint),
+        "model": config.model,
+        "seed": seed,
+        "batch_size": batch_size,
+        "temperature": 1.0,
+    }
+    if processes > 1:
+        metrics["eval"]["processes"] = processes
+    out = eval_dir(run_dir)
+    out.mkdir(exist_ok=True)
+    write_atomically(out / SAMPLES_FILE, "".join(json.dumps(r) + "\n" for r in rows))
+    write_atomically(out / METRICS_FILE, json.dumps(metrics, indent=2) + "\n")
+    _write_plots(run_dir, out, spec, rows, metrics)
+    if config.trackers:
+        dumped = config.model_dump(mode="json", exclude_none=True)
+        with Trackers.open(config.trackers, run_dir, dumped) as trackers:
+            trackers.log_eval(metrics, metrics["eval"]["step"])
+    return metrics
+
+
+def _print_summary(metrics: dict[str, Any], out: Path, spec: TaskSpec) -> None:
+    table = Table(title=f"Evaluation of {metrics['eval']['checkpoint']} (N={metrics['n_samples']})")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in spec.headline:
+        table.add_row(key, _cell(metrics[key]))
+    console = Console()
+    console.print(table)
+    if spec.length_table:
+        lengths = Table(title="Valid samples by length")
+        for column in ("length", *spec.length_table):
+            lengths.add_column(column, justify="right")
+        for n, cells in metrics["by_length"].items():
+            lengths.add_row(n, *(_cell(cells[column]) for column in spec.length_table))
+        console.print(lengths)
+    if "n_solutions" in metrics:
+        console.print(_solution_context(metrics))
+    console.print(f"wrote {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")
+
+
+def _solution_context(metrics: dict[str, Any]) -> str:
+    """The coverage figures beside what the target would give at the same N (Expr24)."""
+    n, found, total = metrics["n_samples"], metrics["cov_count"], metrics["n_solutions"]
+    return (
+        f"found {found:,} of the {total:,} solutions in N = {n:,} samples "
+        f"(NormCov {metrics['norm_cov']:.3f}); sampling the target (uniform over the solutions) "
+        f"would find {metrics['target_unique']:,.0f} in expectation (NormCov "
+        f"{metrics['target_norm_cov']:.3f})"
+    )
+
+
+def _cell(value: float) -> str:
+    """Counts with thousands separators, rates with four decimals."""
+    return f"{value:,}" if isinstance(value, int) else f"{value:.4f}"
+
+
+def _samples_help() -> str:
+    defaults = ", ".join(
+        f"{name} {task_spec(name).eval_samples}{' per prompt' * task_spec(name).eval_per_prompt}"
+        for name in task_names()
+    )
+    return f"Number of samples N. Default: the run's eval_samples, else the task's ({defaults})."
+
+
+def eval_command(
+    run_dir: Annotated[
+        Path, typer.Argument(help="Run directory (holds config.toml and checkpoints/).")
+    ],
+    samples: Annotated[
+        int | None,
+        typer.Option(help=_samples_help()),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the sampling generator.")] = 0,
+    batch_size: Annotated[
+        int, typer.Option(help="Rows sampled in lock step per chunk (changes the draw).")
+    ] = DEFAULT_BATCH_SIZE,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="Print metrics.json to stdout instead of a table.")
+    ] = False,
+    exact: Annotated[
+        bool,
+        typer.Option(
+            "--exact",
+            help="Instead of sampling, compute exact metrics over the enumerated solutions "
+            "(Expr24) and compare them with eval/metrics.json if present: eval/exact.json.",
+        ),
+    ] = False,
+) -> None:
+    """Sample the run's latest checkpoint at temperature 1; write samples, metrics and plots.
+
+    Outputs go to RUN_DIR/eval/: samples.jsonl, metrics.json and PNG plots.
+    """
+    if exact:
+        return exact_command(run_dir, json_output=json_output)
+    try:
+        metrics = evaluate(run_dir, samples=samples, seed=seed, batch_size=batch_size)
+        leave_process_group()
+    except (EvalError, ConfigError) as exc:
+        if dist_rank() == 0:
+            typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if dist_rank() != 0:
+        return None  # rank 0 reports
+    out = eval_dir(run_dir)
+    if json_output:
+        typer.echo((out / METRICS_FILE).read_text(encoding="utf-8"), nl=False)
+    else:
+        task = load_config(run_dir / "config.toml").task  # evaluate() has validated it
+        _print_summary(metrics, out, task_spec(task))

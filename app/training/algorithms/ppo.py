@@ -1,0 +1,127 @@
+"""PPO (``--loss ppo``), as TRL's: one logged step is one PPO update (app.training.ppo_update): the
+step's rows are fixed micro-batch by micro-batch (old log-probs, values, advantages), then
+``rl.num_ppo_epochs`` x ``rl.num_mini_batches`` optimizer steps train on them, with dropout off
+in the policy and the value head. The value head sits on the policy's last hidden states, is
+trained at the policy's learning rate without weight decay, and is saved in ``trainer.pt``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from raptb.adapters.value_head import ValueHead
+from raptb.app.training.algorithm import Loop
+from raptb.app.training.algorithms.rl_rollout import RLAlgorithm, RLStats, rl_record
+from raptb.app.training.micro_batch import combine_micro_batch
+from raptb.app.training.ppo_update import (
+    PPORollout,
+    disable_dropout,
+    fixed_rollout,
+    mini_batch_loss,
+    mini_batches,
+    step_targets,
+)
+from raptb.app.training.rl_step import needs_reference
+from raptb.app.training.step import LossResult
+from raptb.app.training.training_error import TrainingError
+from raptb.core.rl.objectives import rl_objective_by_name
+from raptb.core.rl.ppo import PPO
+
+
+class PPOAlgorithm(RLAlgorithm):
+    """Trains with PPO (app.training.algorithm's shape): the value head is its own trainable
+    state."""
+
+    objective: PPO
+
+    def __init__(self, loop: Loop) -> None:
+        super().__init__(loop)
+        cfg = loop.cfg
+        rows = cfg.optim.grad_accum * loop.rank_batch
+        if rows % cfg.rl.num_mini_batches:
+            raise TrainingError(
+                f"each of the {loop.dist.world_size} processes trains on {rows} rows per step "
+                f"(grad_accum x its share of batch_size), not a multiple of "
+                f"rl.num_mini_batches {cfg.rl.num_mini_batches}: change rl.num_mini_batches, "
+                "optim.batch_size, optim.grad_accum or the number of processes"
+            )
+        objective = rl_objective_by_name(cfg.loss, **cfg.rl_objective_kwargs())
+        assert isinstance(objective, PPO)
+        self.objective = objective
+        disable_dropout(loop.policy.model)
+        hidden_size = int(loop.policy.model.config.hidden_size)
+        self.value_head = ValueHead(hidden_size, dropout=0.0).to(loop.policy.device)
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        params = list(self.value_head.parameters())
+        return [{"params": params, "lr": self.loop.cfg.optim.lr, "weight_decay": 0.0}]
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"value_head": self.value_head.state_dict()}
+
+    def load_extra_state(self, saved: dict[str, Any]) -> None:
+        self.value_head.load_state_dict(saved["value_head"])
+
+    def optimizer_step(self) -> dict[str, Any] | None:
+        """One PPO update (TRL's): roll out the step's micro-batches, fix the old log-probs,
+        values and advantages, then num_ppo_epochs passes of num_mini_batches optimizer steps.
+        None, with every process skipping together, when a rollout quantity or a loss is not
+        finite (the optimizer steps already taken in this update stay)."""
+        loop, objective, value_head = self.loop, self.objective, self.value_head
+        cfg = loop.cfg
+        loop.policy.model.train()
+        value_head.train()
+        start = time.perf_counter()
+        rollout = self._roll_out()
+        # the step's rollout over all processes: what the record and unique_correct count
+        seen = combine_micro_batch(
+            loop.dist,
+            LossResult(0.0, {}),
+            rollout.correct,
+            rollout.on_policy,
+            rewards=rollout.rewards,
+        )
+        loop.correct_seen.update(seen.correct)
+        reference = needs_reference(objective)
+        # old log-probs and values micro-batch by micro-batch (memory), a prompt per forward
+        fixed = [
+            fixed_rollout(loop.policy, value_head, batch, terminal, reference=reference)
+            for parts in rollout.micro_batches(loop.rank_batch)
+            for batch, terminal in parts
+        ]
+        kept: list[PPORollout] = [f for f in fixed if f is not None]
+        if loop.dist.any_true(len(kept) < len(fixed)):
+            return None
+        targets = step_targets(objective, kept)
+        rows = sum(f.rows for f in kept)
+        passes: list[LossResult] = []
+        for _ in range(cfg.rl.num_ppo_epochs):
+            for mini_batch in mini_batches(loop.rng, rows, cfg.rl.num_mini_batches):
+                loop.optimizer.zero_grad(set_to_none=True)
+                # optimizer steps follow inside the update: agree before each backward
+                agree = loop.dist.all_true if loop.dist.world_size > 1 else None
+                result = mini_batch_loss(
+                    loop.policy, objective, value_head, kept, targets, mini_batch, agree
+                )
+                if result is None:  # on every process alike: mini_batch_loss agreed on it
+                    loop.optimizer.zero_grad(set_to_none=True)
+                    return None
+                loop.apply_gradients()
+                passes.append(result)
+        mean = LossResult(
+            float(np.mean([p.loss for p in passes])),
+            {k: float(np.mean([p.diagnostics[k] for p in passes])) for k in passes[0].diagnostics},
+        )
+        losses = combine_micro_batch(loop.dist, mean, [], 0)  # averaged over processes
+        stats = RLStats(
+            loss=losses.loss,
+            diagnostics=losses.diagnostics,
+            on_policy=seen.on_policy,
+            hits=len(seen.correct),
+            rewards=seen.rewards,
+        )
+        record = rl_record(loop, [stats], [stats], time.perf_counter() - start)
+        record["ppo_updates"] = len(passes)
+        return record

@@ -1,0 +1,158 @@
+"""What the RL baselines share (app.training.algorithms.grpo, app.training.algorithms.ppo): the
+on-policy rollout of a step's rows with the terminal reward each row is judged by, the reference
+rule, and the metrics record under TRL's names.
+
+Against the GFlowNet algorithm: the loss is ``core.rl.grpo`` / ``core.rl.ppo`` built from the
+``[rl]`` section (TRL's names and defaults); there is no replay (the config only takes replay
+'none') and no logZ; rollouts are on-policy at ``rl.temperature`` (``[sampling]`` is not read).
+Both roll out a step's batch_size x grad_accum rows at once (app.training.step_batch). The reference
+model (adapter disabled, or a frozen copy taken before the first step) is only evaluated when the
+KL penalty is on (GRPO beta, PPO kl_coef) or the reward is log R with kappa > 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from raptb.app.training.algorithm import Loop
+from raptb.app.training.mix_schedule import Mix
+from raptb.app.training.rl_step import needs_reference, sequence_rewards
+from raptb.app.training.step import Trajectories, correct_texts, reward
+from raptb.app.training.step_batch import collect_step, micro_batches, plan_rows
+from raptb.core.rl.objectives import RLObjective
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """The step's rows on this process: pieces of one prompt each (app.training.step_batch), the
+    terminal reward [b] of each piece's rows, and the successful on-policy texts."""
+
+    pieces: tuple[Trajectories, ...]
+    terminal: tuple[torch.Tensor, ...]
+    correct: list[str]
+
+    @property
+    def on_policy(self) -> int:
+        return sum(len(piece.on_policy) for piece in self.pieces)
+
+    @property
+    def rewards(self) -> list[float]:
+        return torch.cat(self.terminal).tolist()
+
+    def micro_batches(self, size: int) -> list[list[tuple[Trajectories, torch.Tensor]]]:
+        """Consecutive micro-batches of ``size`` rows, each as (piece rows, their terminal)."""
+        sizes = [len(piece.rows) for piece in self.pieces]
+        return [
+            [(self.pieces[i].take(rows), self.terminal[i][rows]) for i, rows in parts]
+            for parts in micro_batches(sizes, size)
+        ]
+
+
+@dataclass(frozen=True)
+class RLStats:
+    """What the record reads of a step's rollout (over all processes) or of a loss pass."""
+
+    loss: float
+    diagnostics: dict[str, float]
+    on_policy: int
+    hits: int
+    rewards: list[float]
+
+
+def on_policy_mix(temperature: float) -> Mix:
+    """Every row on-policy at ``temperature`` (``rl.temperature``, TRL's per-method default), at
+    which app.training.rl_step scores log pi as TRL does, so the sampling policy is the trained one
+    up to the grammar mask: no replay, no oracle, and the "low temperature" draw always taken on the
+    one-point range [T, T]."""
+    return Mix(
+        p_replay=0.0,
+        low_temp_prob=1.0,
+        temp_lo=temperature,
+        temp_hi=temperature,
+        p_oracle=0.0,
+        oracle_fraction=0.0,
+    )
+
+
+def roll_out(loop: Loop) -> Rollout:
+    """This process's share of the step's rows (one rollout), their task rewards and the
+    terminal reward each row is judged by."""
+    cfg = loop.cfg
+    own, prompts = loop.step_rows()
+    plan = plan_rows(
+        prompts, on_policy_mix(cfg.rl.temperature), buffer=None, oracle=None, rng=loop.rng
+    )
+    step = collect_step(loop.policy, loop.task, plan, own, generator=loop.generator)
+    weights = loop.reward_schedule.at(loop.step)  # lambda and T_R schedules apply here too
+    kappa = weights.kappa if cfg.rl.reward == "log_r" else 0.0
+    terminal, correct = [], []
+    for piece in step.pieces:
+        rewards = reward(loop.scorer, loop.policy, piece, kappa, weights.scale)
+        correct += correct_texts(loop.task, piece, rewards, loop.spec)
+        terminal.append(sequence_rewards(rewards, piece.length, cfg.rl.reward))
+    return Rollout(step.pieces, tuple(terminal), correct)
+
+
+class RLAlgorithm:
+    """What GRPO and PPO share of app.training.algorithm's shape: the rollout, the reference rule,
+    and no logZ, replay buffer or run-state entries (PPO adds its value head)."""
+
+    objective: RLObjective
+
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        return []
+
+    def uses_reference(self) -> bool:
+        """The reference is read by the KL penalty (GRPO beta, PPO kl_coef) and by a log R
+        reward with kappa > 0, not by the default task reward without KL."""
+        cfg = self.loop.cfg
+        uses_prior = cfg.rl.reward == "log_r" and cfg.reward.kappa > 0
+        return needs_reference(self.objective) or uses_prior
+
+    def extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def load_extra_state(self, saved: dict[str, Any]) -> None:
+        """Nothing to restore."""
+
+    def run_state(self) -> dict[str, Any]:
+        return {}
+
+    def load_run_state(self, state: dict[str, Any]) -> None:
+        """Nothing to restore."""
+
+    def _roll_out(self) -> Rollout:
+        return roll_out(self.loop)
+
+
+def rl_record(
+    loop: Loop, rollouts: Sequence[Any], passes: Sequence[Any], seconds: float
+) -> dict[str, Any]:
+    """reward mean/std and acc over the step's ``rollouts`` (each with on_policy, hits,
+    rewards); loss and the loss's diagnostics averaged over the ``passes`` (each with loss,
+    diagnostics: GRPO's micro-batches, PPO's mini-batch updates) under TRL's names (kl,
+    clip_frac, value_loss, ...; None where undefined)."""
+    on_policy = sum(s.on_policy for s in rollouts)
+    rewards = np.concatenate([s.rewards for s in rollouts])
+    record: dict[str, Any] = {
+        "step": loop.step + 1,
+        "loss": float(np.mean([s.loss for s in passes])),
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std()),
+        "acc": sum(s.hits for s in rollouts) / on_policy if on_policy else None,
+        "unique_correct": len(loop.correct_seen),
+    }
+    for key in passes[0].diagnostics:
+        value = float(np.mean([s.diagnostics[key] for s in passes]))
+        name = "reward_group_std" if key == "reward_std" else key
+        record.setdefault(name, value if np.isfinite(value) else None)
+    record.update(nonfinite_skipped=loop.nonfinite_total, seconds=seconds)
+    return record

@@ -1,0 +1,69 @@
+"""One micro-batch over all ranks: every rank's loss, diagnostics, correct texts, new replay
+items and rewards, combined identically on all ranks by one gather (app.distribution.distributed's
+``DistContext.all_gather_object``; on one process the gather is the rank's own outcome)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from raptb.app.distribution.distributed import DistContext
+from raptb.app.training.step import LossResult
+from raptb.core.replay import ReplayItem
+
+
+@dataclass(frozen=True)
+class MicroBatchTotals:
+    """One micro-batch over all ranks.
+
+    finite: whether the loss was finite on every rank (else every rank skips the step).
+    loss, diagnostics: means over ranks (the ranks' shares are equal, so this is the global mean).
+    on_policy: on-policy rows summed over ranks; correct: their successful texts, rank order.
+    items: the new replay items of every rank, rank order (the one list each rank adds to its
+    buffer); rewards: every rank's per-row rewards, rank order.
+    """
+
+    finite: bool
+    loss: float
+    diagnostics: dict[str, float]
+    on_policy: int
+    correct: list[str]
+    items: list[ReplayItem]
+    rewards: list[float]
+
+
+def combine_micro_batch(
+    ctx: DistContext,
+    result: LossResult | None,
+    correct: Sequence[str],
+    on_policy: int,
+    items: Sequence[ReplayItem] = (),
+    rewards: Sequence[float] = (),
+) -> MicroBatchTotals:
+    """Every rank's micro-batch outcome, combined identically on all ranks (one gather)."""
+    ranks = ctx.all_gather_object((result, list(correct), on_policy, list(items), list(rewards)))
+    results = [rank[0] for rank in ranks if rank[0] is not None]
+    finite = len(results) == len(ranks)
+    keys = results[0].diagnostics if finite else {}
+    return MicroBatchTotals(
+        finite=finite,
+        loss=float(np.mean([r.loss for r in results])) if finite else float("nan"),
+        diagnostics={k: float(np.mean([r.diagnostics[k] for r in results])) for k in keys},
+        on_policy=sum(rank[2] for rank in ranks),
+        correct=[text for rank in ranks for text in rank[1]],
+        items=[item for rank in ranks for item in rank[3]],
+        rewards=[value for rank in ranks for value in rank[4]],
+    )
+
+
+def step_result(results: list[tuple[int, LossResult]]) -> LossResult:
+    """A step's loss and diagnostics from its micro-batches' (rows, result): means weighted by
+    rows, i.e. over the step's rows for a loss that is a mean over rows."""
+    rows = sum(size for size, _ in results)
+    keys = results[0][1].diagnostics
+    return LossResult(
+        sum(size * r.loss for size, r in results) / rows,
+        {k: sum(size * r.diagnostics[k] for size, r in results) / rows for k in keys},
+    )

@@ -1,0 +1,291 @@
+"""The training loop, neutral to the algorithm: steps, checkpoints, the metrics log, stop
+signals, non-finite handling, gradient application and distribution.
+
+``Trainer`` builds what every run shares (task, policy, reward calls, prefix scorer, reward
+schedule, RNG streams), then the algorithm that ``loss`` names (``ALGORITHMS``: GRPO and PPO;
+every other loss is a GFlowNet objective, app.training.algorithms.gflownet), whose parameter groups
+join the policy's in one AdamW optimizer; each logged step is the algorithm's ``optimizer_step``
+(app.training.algorithm declares the interface). The stages an algorithm schedules are those of
+``raptb.app.training.step``.
+
+Launched on several processes (``accelerate launch -m raptb train``), each rank trains on its
+contiguous share of the step's rows (the behaviour plan is drawn from an RNG all ranks share);
+app.distribution.distributed states the rules and supplies the hooks used here.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import torch
+from rich.console import Console
+
+from raptb.adapters.lora import is_peft_model
+from raptb.adapters.registry import task_spec
+from raptb.app.configuration.config import TrainConfig, save_config
+from raptb.app.distribution.distributed import DistContext, per_rank_batch, sampling_seed
+from raptb.app.distribution.sharding import clip_grad_norm, shard_policy
+from raptb.app.run_dir.checkpoint import checkpoint_step, latest_checkpoint, newest_usable
+from raptb.app.run_dir.resume import check_steps
+from raptb.app.run_dir.run_log import cut_log, log_path
+from raptb.app.run_dir.trackers import Trackers
+from raptb.app.runtime import build_policy, build_task
+from raptb.app.training.algorithm import Algorithm, Loop
+from raptb.app.training.algorithms.gflownet import GFlowNet
+from raptb.app.training.algorithms.grpo import GRPOAlgorithm
+from raptb.app.training.algorithms.ppo import PPOAlgorithm
+from raptb.app.training.prefix_reward import PrefixScorer
+from raptb.app.training.reward_calls import RewardCaller
+from raptb.app.training.reward_schedule import RewardSchedule
+from raptb.app.training.step_batch import step_prompts
+from raptb.app.training.stop_request import StopRequest
+from raptb.app.training.train_progress import bar_fields, progress_bar
+from raptb.app.training.train_state import (
+    load_model_weights,
+    load_trainer_state,
+    save_trainer_state,
+)
+from raptb.app.training.training_error import TrainingError
+
+__all__ = ["ALGORITHMS", "TrainResult", "Trainer", "TrainingError"]
+
+ALGORITHMS: dict[str, Callable[[Loop], Algorithm]] = {
+    "grpo": GRPOAlgorithm,
+    "ppo": PPOAlgorithm,
+}
+"""The algorithm of each RL baseline's ``loss``; every other loss is a GFlowNet objective."""
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    run_dir: Path
+    step: int
+    interrupted: bool
+    checkpoint: Path | None
+    stop_signal: int | None = None
+    """The signal (SIGINT, SIGTERM) that stopped the run early, if one did."""
+
+
+class Trainer:
+    """Trains one run described by a ``TrainConfig`` into ``run_dir``."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        run_dir: Path,
+        *,
+        resume: bool = False,
+        progress: bool = True,
+        console: Console | None = None,
+        dist: DistContext | None = None,
+    ) -> None:
+        self.cfg = config
+        self.dist = (
+            DistContext.from_accelerate(config.distributed.timeout) if dist is None else dist
+        )
+        self.rank_batch = per_rank_batch(config.optim.batch_size, self.dist.world_size)
+        self.run_dir = Path(run_dir)
+        self.console = console or Console(stderr=True)
+        self.show_progress = progress
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
+        # rank 0 verifies and chooses, so every rank loads the same checkpoint
+        checkpoint = (
+            self.dist.on_main(lambda: newest_usable(self.run_dir, self.warn)) if resume else None
+        )
+        if resume and checkpoint is None:
+            raise TrainingError(f"--resume: no checkpoint in {self.run_dir / 'checkpoints'}")
+        if checkpoint is not None:
+            check_steps(config.steps, checkpoint_step(checkpoint))
+
+        random.seed(config.seed)
+        torch.manual_seed(config.seed)
+        self.task = build_task(config)
+        self.spec = task_spec(config.task)  # travels with the task: no lookups per step
+        self.policy = build_policy(
+            config.model,
+            self.task,
+            config.seed,
+            lora=config.lora,
+            device=self.dist.device,
+            decode=config.sampling.decode,
+            tiny=config.tiny,
+        )
+        self.rewards = RewardCaller(
+            self.task,
+            workers=config.reward.workers,
+            name=getattr(config.task_options(), "reward", None),
+            max_failed_steps=config.reward.max_failed_steps,
+            warn=self.warn,
+        )
+        self.scorer = PrefixScorer(self.task, self.policy, config.reward.reward_scale, self.rewards)
+        self.reward_schedule = RewardSchedule(config.reward, config.schedule_horizon)
+        # shared by all ranks: the step's plan (behaviour mix, replay and oracle draws)
+        self.rng = np.random.default_rng(config.seed)
+        self.step = 0
+        self.nonfinite_in_row = 0
+        self.nonfinite_total = 0
+        self.correct_seen: set[str] = set()
+        self.algorithm: Algorithm = ALGORITHMS.get(config.loss, GFlowNet)(self)
+        # with LoRA the reference is the same weights with the adapter disabled: no copy
+        if self.algorithm.uses_reference() and not is_peft_model(self.policy.model):
+            self.policy.freeze_reference()  # the base weights, before any update or resume
+        if checkpoint is not None:
+            load_model_weights(self.policy.model, checkpoint)  # before sharding, if any
+        sharding = self.dist.sharding
+        if config.optim.gradient_checkpointing or (sharding and sharding.activation_checkpointing):
+            self.policy.enable_activation_checkpointing()  # before sharding, if any
+        if self.dist.sharding is not None:
+            blocks = shard_policy(self.policy, self.dist.sharding, self.dist.all_true)
+            if self.dist.is_main:
+                self.console.print(
+                    f"FSDP: the policy is sharded over {self.dist.world_size} processes "
+                    f"({blocks} blocks and the root as units)",
+                    markup=False,
+                    highlight=False,
+                )
+        params = [p for p in self.policy.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            [
+                {
+                    "params": params,
+                    "lr": config.optim.lr,
+                    "weight_decay": config.optim.weight_decay,
+                },
+                *self.algorithm.param_groups(),
+            ]
+        )
+        # per rank: rollouts and dropout; rank 0 keeps the single-process streams
+        self.sampling_seed = sampling_seed(config.seed, self.dist.rank)
+        if self.dist.rank:
+            torch.manual_seed(self.sampling_seed)
+        self.generator = torch.Generator(device=self.policy.device).manual_seed(self.sampling_seed)
+        self.stop = StopRequest(self.console)
+        if checkpoint is not None:
+            load_trainer_state(self, checkpoint)
+
+    # --- one optimizer step --------------------------------------------------------------------
+
+    def step_rows(self) -> tuple[range, list[str]]:
+        """This rank's share of the step's rows (a contiguous range of the global rows) and the
+        prompt of every global row (app.training.step_batch)."""
+        cfg = self.cfg
+        per_rank = self.rank_batch * cfg.optim.grad_accum
+        prompts = step_prompts(
+            self.task.prompts(),
+            self.step,
+            per_rank * self.dist.world_size,
+            cfg.optim.rows_per_prompt,
+        )
+        return range(self.dist.rank * per_rank, (self.dist.rank + 1) * per_rank), prompts
+
+    def _optimizer_step(self) -> dict[str, Any] | None:
+        """One logged step: the algorithm's (None when it skipped the update)."""
+        return self.algorithm.optimizer_step()
+
+    def apply_gradients(self) -> None:
+        """The accumulated gradients averaged over ranks, clipped, and one optimizer step."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        self.dist.average_gradients(params)  # logZ's gradient too: it is in the param groups
+        clip = self.cfg.optim.clip
+        if clip is not None and self.dist.sharding is None:
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        elif clip is not None:
+            clip_grad_norm(params, clip)  # one norm over the shards, logZ and any head
+        self.optimizer.step()
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def train(self, stop_at: int | None = None) -> TrainResult:
+        """Run until ``cfg.steps`` (or ``stop_at``) optimizer steps; checkpoint every
+        ``checkpoint_every`` steps, at the end, and after the step in progress on Ctrl-C or
+        SIGTERM (app.training.stop_request). The log is first cut back to the step the run starts
+        from (app.run_dir.run_log)."""
+        cfg = self.cfg
+        if self.dist.is_main:  # the other ranks create and delete nothing in the run directory
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, self.run_dir / "config.toml")
+            cut_log(self.run_dir, self.step)
+        self.dist.barrier()
+        end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
+        checkpoint = latest_checkpoint(self.run_dir) if self.step else None
+        try:
+            with self.stop.catching_signals():
+                checkpoint = self._run_steps(end, checkpoint)
+        finally:
+            self.rewards.close()
+            for line in self.rewards.summary_lines():
+                self.warn(line)
+        return TrainResult(
+            self.run_dir, self.step, self.stop.requested, checkpoint, self.stop.signum
+        )
+
+    def _run_steps(self, end: int, checkpoint: Path | None) -> Path | None:
+        """Optimizer steps up to ``end`` or a stop request; the latest checkpoint afterwards."""
+        cfg = self.cfg
+        with (
+            progress_bar(self.console, self.show_progress and self.dist.is_main) as bar,
+            self._log_file() as log,
+            self._trackers() as trackers,
+        ):
+            task_id = bar.add_task("train", total=cfg.steps, completed=self.step, **bar_fields())
+            while self.step < end and not self.dist.any_true(self.stop.requested):
+                record = self._optimizer_step()
+                reward_counts = self.dist.sum_counts(self.rewards.take_counts(self.step + 1))
+                if record is None:
+                    self.nonfinite_in_row += 1
+                    self.nonfinite_total += 1
+                    if self.nonfinite_in_row >= cfg.max_nonfinite:
+                        raise TrainingError(
+                            f"{self.nonfinite_in_row} consecutive steps had a non-finite loss "
+                            f"(step {self.step + 1}); lower the learning rates or check the "
+                            "reward (max_nonfinite sets this limit)"
+                        )
+                    continue
+                self.nonfinite_in_row = 0
+                self.step += 1
+                record.update(reward_counts)
+                if log is not None:
+                    log.write(json.dumps(record) + "\n")
+                    log.flush()
+                if trackers is not None:
+                    trackers.log_train(record)
+                bar.update(task_id, completed=self.step, **bar_fields(record))
+                if self.step % cfg.checkpoint_every == 0 or self.step == end:
+                    checkpoint = self.save_checkpoint()
+        self.stop.requested = self.dist.any_true(self.stop.requested)
+        if self.stop.requested and (checkpoint is None or self.step % cfg.checkpoint_every):
+            checkpoint = self.save_checkpoint()
+        return checkpoint
+
+    def _log_file(self) -> AbstractContextManager[IO[str] | None]:
+        """metrics.jsonl opened for appending on rank 0; nothing on the other ranks."""
+        return log_path(self.run_dir).open("a") if self.dist.is_main else nullcontext()
+
+    def _trackers(self) -> AbstractContextManager[Trackers | None]:
+        """The experiment trackers of ``report_to`` on rank 0 (none elsewhere or when none are
+        named); a resumed run's TensorBoard hides what was logged after its checkpoint."""
+        if not self.dist.is_main or not self.cfg.trackers:
+            return nullcontext()
+        config = self.cfg.model_dump(mode="json", exclude_none=True)
+        return Trackers.open(self.cfg.trackers, self.run_dir, config, first_step=self.step + 1)
+
+    def warn(self, line: str) -> None:
+        """One yellow warning line on the console."""
+        self.console.print(
+            f"warning: {line}", style="yellow", markup=False, highlight=False, soft_wrap=True
+        )
+
+    # --- checkpoints (app.training.train_state)
+    # ---------------------------------------------------------
+
+    def save_checkpoint(self) -> Path:
+        """Checkpoint the current step (rank 0 writes, with every rank's RNG streams)."""
+        return save_trainer_state(self)
