@@ -1,8 +1,8 @@
 """AMP: generate antimicrobial peptides (paper appendix "AMP Biological Sequence Generation").
 
 Prompt "Generate an antimicrobial peptide:"; the alphabet is the 20 standard amino-acid letters
-and the grammar the released one (``adapters/data/amp/amp.ebnf``: one or more of them), so the
-legal tokens of any tokenizer are those made only of these letters; 5..50 tokens.
+and the grammar the released one (``adapters/tasks/amp/files/amp.ebnf``: one or more of them), so
+the legal tokens of any tokenizer are those made only of these letters; 5..50 tokens.
 
 Score: terminal only. S(x) = oracle probability that x is antimicrobial, in [0, 1]
 (``adapters/tasks/amp/oracle.py``), so u_tau = lambda S with lambda = 50 and u_k = 0 for k < tau

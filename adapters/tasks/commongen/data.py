@@ -2,7 +2,8 @@
 
 A concept-set file is JSON Lines, one object per line: ``{"concepts": [...], "references":
 [...]}`` (``references`` optional; without them the quality shaping and BLEU-4 are 0). The shipped
-split is ``adapters/data/commongen/dev.jsonl`` (993 sets, provenance in ``data/README.md``).
+split is ``adapters/tasks/commongen/files/dev.jsonl`` (993 sets, provenance in the README.md
+beside it).
 
 The prompt text is formed in one place, :func:`prompt_text`: "Write one sentence using: field,
 stand, look." with the concepts in file order (the wording is ours, after the released code's
@@ -101,7 +102,9 @@ def parse_concept_sets(text: str, source: str) -> list[ConceptSet]:
 
 def dev_concept_sets() -> list[ConceptSet]:
     """The shipped CommonGen validation split (993 sets, file order)."""
-    return parse_concept_sets(shipped_text("commongen", "dev.jsonl"), "data/commongen/dev.jsonl")
+    return parse_concept_sets(
+        shipped_text("commongen", "dev.jsonl"), "tasks/commongen/files/dev.jsonl"
+    )
 
 
 def diagnostic_concept_sets() -> list[ConceptSet]:
