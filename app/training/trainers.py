@@ -11,24 +11,14 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from raptb.app.configuration.config import TrainConfig
-from raptb.app.distribution.distributed import DistContext
 from raptb.app.training.train import Trainer
 
 
-def make_trainer(
-    config: TrainConfig,
-    run_dir: Path,
-    *,
-    resume: bool = False,
-    progress: bool = True,
-    console: Console | None = None,
-    dist: DistContext | None = None,
-) -> Trainer:
-    """The trainer of ``config``, whatever its ``loss`` (a ``Trainer``)."""
-    return Trainer(config, run_dir, resume=resume, progress=progress, console=console, dist=dist)
+def make_trainer(config: TrainConfig, run_dir: Path, **options: Any) -> Trainer:
+    """The trainer of ``config``, whatever its ``loss``: ``Trainer(config, run_dir, **options)``
+    (``resume``, ``progress``, ``console``, ``dist`` as ``Trainer`` takes them)."""
+    return Trainer(config, run_dir, **options)
 
 
 class RLTrainer(Trainer):

@@ -88,6 +88,14 @@ def test_oracle_buffer_holds_the_enumerated_solutions(tmp_path):
     assert item.u[-1] == 50.0 and item.valid
 
 
+def test_every_rl_loss_has_its_algorithm_and_every_other_loss_is_a_gflownet_objective():
+    from raptb.app.configuration.rl import RL_LOSSES
+    from raptb.app.training.train import ALGORITHMS
+
+    assert set(ALGORITHMS) == set(RL_LOSSES)
+    assert not set(ALGORITHMS) & set(OBJECTIVES)
+
+
 def test_log_z_has_its_own_float32_group(tmp_path):
     trainer = Trainer(small_config(steps=1, **{"optim.log_z_lr": 0.5}), tmp_path, progress=False)
     groups = trainer.optimizer.param_groups
