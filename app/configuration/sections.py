@@ -101,7 +101,14 @@ class OptimConfig(Section):
         description="logZ learning rate; 0 holds logZ at log_z_init (the regime of the paper's "
         "released runs, whose bf16 logZ stalled near 0).",
     )
-    log_z_init: Finite = Field(0.0, description="Initial logZ.")
+    log_z_init: Finite = Field(0.0, description="Initial logZ (with log_z_start = 'init').")
+    log_z_start: Literal["init", "batch"] = Field(
+        "init",
+        description="Where logZ starts: 'init' at log_z_init; 'batch' at the first step's "
+        "batch estimate (VarGrad's: minus the mean over the step's rows of log P_F(x) - "
+        "log R(x) under the initial policy), a start any task can use; then trained at "
+        "log_z_lr, or held there when it is 0. A resumed run keeps its saved logZ.",
+    )
     weight_decay: NonNegative = Field(0.0, description="Policy weight decay (logZ has none).")
     batch_size: Annotated[int, Field(ge=1)] = Field(
         32,

@@ -331,6 +331,13 @@ class RootSubTBLogZ(_PrefixTBMean):
         return float(self.subtb_lambda)
 
 
+def partial_residuals(batch: PrefixBatch) -> Array:
+    """The logZ-free TB residual of each row, log P_F(x) - log R(x) = C_tau + log_pterm[tau] -
+    log_r[tau], [B]. Minus its mean over on-policy rows is VarGrad's batch estimate of logZ (a
+    lower bound in expectation: E[log R/P_F] <= log E[R/P_F] = log Z, by Jensen)."""
+    return _at_length(_masked_inputs(batch).residuals(), batch)
+
+
 @dataclass(frozen=True)
 class VarGrad(Objective):
     """logZ-free variance objective: Var_b(C_tau + log_pterm[tau] - log_r[tau])."""
@@ -339,7 +346,7 @@ class VarGrad(Objective):
 
     def partial_residuals(self, batch: PrefixBatch) -> Array:
         """The logZ-free TB residual of each row, C_tau + log_pterm[tau] - log_r[tau], [B]."""
-        return _at_length(_masked_inputs(batch).residuals(), batch)
+        return partial_residuals(batch)
 
     def __call__(self, batch, log_z, step=0, *, log_z_hat=None):
         """``log_z_hat``: the estimate held fixed (no gradient), e.g. minus the mean partial

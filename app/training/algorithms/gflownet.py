@@ -52,7 +52,7 @@ from raptb.app.training.step_batch import (
     micro_batches,
     plan_rows,
 )
-from raptb.core.gfn.objectives import Objective, VarGrad, objective_by_name
+from raptb.core.gfn.objectives import Objective, VarGrad, objective_by_name, partial_residuals
 
 
 class GFlowNet:
@@ -68,6 +68,8 @@ class GFlowNet:
         self.mix = MixSchedule(cfg, cfg.schedule_horizon)
         self.buffer = build_buffer(cfg, loop.task, loop.policy, loop.scorer)
         self.oracle = self.buffer if cfg.replay.kind == "oracle" else None
+        # set at the first step of a new run (a resumed one keeps its saved logZ: load_extra_state)
+        self.start_from_batch = cfg.optim.log_z_start == "batch"
 
     # --- what the loop reads -------------------------------------------------------------------
 
@@ -84,6 +86,7 @@ class GFlowNet:
     def load_extra_state(self, saved: dict[str, Any]) -> None:
         with torch.no_grad():
             self.log_z.copy_(saved["log_z"])
+        self.start_from_batch = False
 
     def run_state(self) -> dict[str, Any]:
         return {"buffer": None if self.buffer is None else self.buffer.state_dict()}
@@ -135,6 +138,8 @@ class GFlowNet:
             [(scored[i][0].take(rows), scored[i][1].take(rows)) for i, rows in parts]
             for parts in micro_batches([len(p.rows) for p in step.pieces], loop.rank_batch)
         ]
+        if self.start_from_batch:
+            self._start_log_z(batches)
         held = self._held_kwargs(batches)
         results: list[tuple[int, LossResult]] = []
         for parts in batches:
@@ -179,6 +184,21 @@ class GFlowNet:
         the step; nothing for the other objectives, whose loss is a mean over rows."""
         if not isinstance(self.objective, VarGrad) or len(batches) == 1:
             return {}
+        return {"log_z_hat": -self._partial_residuals(batches).mean()}
+
+    def _start_log_z(self, batches: list[list[tuple[Trajectories, Rewards]]]) -> None:
+        """``optim.log_z_start = "batch"``: set logZ to the batch estimate of the run's first
+        step, minus the mean partial residual over every rank's rows, before its loss."""
+        self.start_from_batch = False
+        partial = self._partial_residuals(batches)
+        sums = self.loop.dist.all_gather_object((float(partial.sum()), int(partial.numel())))
+        total, count = map(sum, zip(*sums, strict=True))
+        with torch.no_grad():
+            self.log_z.fill_(-total / count)
+
+    def _partial_residuals(self, batches: list[list[tuple[Trajectories, Rewards]]]) -> torch.Tensor:
+        """log P_F(x) - log R(x) of every row of this rank's step under the current policy, [B]
+        (one forward without gradients per micro-batch, as its loss takes)."""
         partial = []
         policy = self.loop.policy
         with torch.no_grad():
@@ -192,8 +212,8 @@ class GFlowNet:
                 log_r = torch.cat([rewards.log_r for _, rewards in parts])
                 u = torch.cat([rewards.u for _, rewards in parts])
                 prefixes = to_prefix_batch(log_pf, log_pterm, log_r, u, length)
-                partial.append(self.objective.partial_residuals(prefixes))
-        return {"log_z_hat": -torch.cat(partial).mean()}
+                partial.append(partial_residuals(prefixes))
+        return torch.cat(partial)
 
     def _step_record(
         self, totals: MicroBatchTotals, plan: RowPlan, seconds: float
