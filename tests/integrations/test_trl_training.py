@@ -21,10 +21,10 @@ from raptb.adapters.models import build_char_tokenizer
 from raptb.core.replay import ReplayBuffer
 from raptb.integrations.trl import GFlowNetConfig, GFlowNetTrainer
 from tests.integrations.trl_fixtures import (
+    CPU_RUN,
     MAX_COMPLETION,
     a_count_reward,
     fixed_rollout,
-    write_tiny_llama,
 )
 
 LOG_Z_INIT = 30.0  # about log(V^6 E[R]) for this model: the policy's signal is not swamped
@@ -35,28 +35,14 @@ def lowercase_reward(completions: list[str], **kwargs: Any) -> list[float]:
     return [sum(ch.islower() for ch in c) / MAX_COMPLETION for c in completions]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny_llama")
-    write_tiny_llama(folder)
-    return folder
-
-
 def config(out: Path, **overrides: Any) -> GFlowNetConfig:
     values: dict[str, Any] = {
+        **CPU_RUN,
         "output_dir": str(out),
-        "report_to": [],
-        "bf16": False,
-        "use_cpu": True,
-        "disable_tqdm": True,
-        "gradient_checkpointing": False,
         "per_device_train_batch_size": 8,
         "num_generations": 4,
-        "max_completion_length": MAX_COMPLETION,
-        "logging_steps": 1,
         "learning_rate": 3e-2,
         "lr_scheduler_type": "constant",
-        "save_strategy": "no",
         "loss": "raptb",
         "replay": "subm",
         "reward_scale": 10.0,
@@ -142,7 +128,13 @@ def test_replayed_rows_carry_their_stored_tokens_and_task_rewards(
 
     trainer = trainer_for(
         model_dir,
-        config(tmp_path, replay_fraction=1.0, replay_fraction_end=1.0, kappa=1.0),
+        config(
+            tmp_path,
+            replay_fraction=1.0,
+            replay_fraction_end=1.0,
+            kappa=1.0,
+            replay_scope="per_prompt",
+        ),
         reward_funcs=a_count_reward,
         rollout_func=fixed_rollout(completions),
         replay_similarity=similarity,

@@ -12,6 +12,17 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 from raptb.adapters.models import build_char_tokenizer
 
 MAX_COMPLETION = 6
+CPU_RUN: dict[str, Any] = {
+    "report_to": [],
+    "bf16": False,
+    "use_cpu": True,
+    "disable_tqdm": True,
+    "gradient_checkpointing": False,
+    "max_completion_length": MAX_COMPLETION,
+    "logging_steps": 1,
+    "save_strategy": "no",
+}
+"""GFlowNetConfig fields of the CPU tests: float32, no trackers or checkpoints, logs every step."""
 
 
 def write_tiny_llama(folder: Path, seed: int = 0) -> PreTrainedTokenizerBase:

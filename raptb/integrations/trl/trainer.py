@@ -4,7 +4,8 @@ Generation, reward functions, vLLM, chat templates, multi-GPU, logging and check
 What changes (``versions.OVERRIDDEN_TRL_INTERNALS`` lists the TRL methods involved):
 
 - after TRL has generated and scored a generation batch, a fraction of its rows is replaced by
-  replay items (``replay``), and every row gets raptb's prefix layout: tau, the task rewards
+  replay items with their prompts (``replay``; of any stored prompt, or of the row's own with
+  ``replay_scope="per_prompt"``), and every row gets raptb's prefix layout: tau, the task rewards
   u_k = reward_scale * S_k / T_R (S_tau the summed TRL reward of the completion, S_k for k < tau
   from the optional ``prefix_reward_func``, else 0) and the log-rewards
   log_r_k = kappa log P_ref(prefix_k + stop) / T_R + u_k, log P_ref from the reference model TRL
@@ -17,6 +18,7 @@ What changes (``versions.OVERRIDDEN_TRL_INTERNALS`` lists the TRL methods involv
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -24,7 +26,6 @@ import numpy as np
 import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
-from trl.data_utils import is_conversational
 from trl.trainer.utils import use_adapter
 
 from raptb.core.gfn.batch import PrefixBatch
@@ -36,11 +37,16 @@ from raptb.integrations.trl.prefix_log_probs import (
     stop_log_prob,
     trajectory_lengths,
 )
-from raptb.integrations.trl.replay import ReplayDraw, draw_replay, splice_completions, stored_u
+from raptb.integrations.trl.prefix_rewards import PrefixRewardFunc, prefix_scores
+from raptb.integrations.trl.replay import (
+    ReplayDraw,
+    draw_replay,
+    replay_never_fires,
+    splice_completions,
+    splice_prompts,
+    stored_u,
+)
 
-PrefixRewardFunc = Callable[..., Sequence[float]]
-"""TRL's reward-function signature, ``f(prompts=..., completions=..., **columns) -> rewards``,
-called on (prompt, prefix of a completion) pairs."""
 SimilarityFunc = Callable[[Sequence[str], Sequence[str]], Any]
 """``f(texts_a, texts_b) -> [len(a), len(b)]`` similarities in [0, 1], symmetric."""
 STATE_FILE = "gflownet_state_{rank}.pt"
@@ -111,6 +117,9 @@ class GFlowNetTrainer(GRPOTrainer):
             # logZ lives outside the wrapped model, so its gradient is averaged here
             self.log_z.register_post_accumulate_grad_hook(_average_over_processes)
         self.buffer = self._build_buffer(replay_similarity)
+        # the prompt token ids each stored prompt was generated with (its replay key is its text)
+        self.replay_prompt_ids: dict[str, tuple[int, ...]] = {}
+        self._warn_if_replay_never_fires()
         self.replay_rng = np.random.default_rng([config.seed, self.accelerator.process_index])
         self._objective: tuple[int, Objective] | None = None
         self._completion_rewards: torch.Tensor | None = None
@@ -126,6 +135,17 @@ class GFlowNetTrainer(GRPOTrainer):
             kwargs["similarity"] = CallableSimilarity(similarity)
             kwargs["shingle_on"] = "text"
         return make_buffer(kind, **kwargs)
+
+    def _warn_if_replay_never_fires(self) -> None:
+        if self.buffer is None:
+            return
+        reason = replay_never_fires(
+            self.gfn_args, self.train_dataset, self.num_generations, self.num_iterations
+        )
+        if reason is not None:
+            warnings.warn(
+                f"GFlowNetTrainer: replay={self.gfn_args.replay!r} {reason}", stacklevel=3
+            )
 
     def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
         optimizer = super().create_optimizer(model)
@@ -171,7 +191,16 @@ class GFlowNetTrainer(GRPOTrainer):
             fraction = self.gfn_args.replay_fraction_at(
                 self.state.global_step, self.state.max_steps
             )
-            draw = draw_replay(self.buffer, keys, fraction, self.replay_rng)
+            draw = draw_replay(
+                self.buffer, keys, fraction, self.replay_rng, self.gfn_args.replay_scope
+            )
+            prompt_ids, prompt_mask = splice_prompts(
+                prompt_ids,
+                prompt_mask,
+                draw,
+                [self._stored_prompt_ids(item.prompt) for item in draw.items],
+                pad_id=self._tokenizer.pad_token_id,
+            )
         completion_ids, completion_mask = splice_completions(
             output["completion_ids"],
             output["completion_mask"],
@@ -186,7 +215,9 @@ class GFlowNetTrainer(GRPOTrainer):
         ]
         texts = self._tokenizer.batch_decode(rows, skip_special_tokens=True)
         width = completion_ids.shape[1] + 1
-        u = stored_u(draw, self._task_rewards(inputs, rows, rewards, width))
+        replayed = set(draw.rows)
+        scored = [b for b in range(len(rows)) if b not in replayed]
+        u = stored_u(draw, self._task_rewards(inputs, rows, rewards, width, scored))
         log_r = torch.as_tensor(u, dtype=torch.float32, device=completion_ids.device)
         if self.gfn_args.kappa > 0:
             prior = self._reference_log_prob(
@@ -194,8 +225,10 @@ class GFlowNetTrainer(GRPOTrainer):
             )
             log_r = log_r + self.gfn_args.kappa * prior / self.gfn_args.reward_temperature
         if training and self.buffer is not None:
-            replayed = set(draw.rows)
-            kept = [b for b in range(len(rows)) if b not in replayed]
+            kept = scored
+            for b in kept:
+                ids = prompt_ids[b][prompt_mask[b].bool()]
+                self.replay_prompt_ids[keys[b]] = tuple(ids.tolist())
             self.buffer.add(self._replay_items(kept, keys, rows, texts, rewards, u, log_r))
             mode_metrics = self._metrics["train"]
             mode_metrics["gflownet/replayed_fraction"].append(len(draw.rows) / len(rows))
@@ -210,38 +243,32 @@ class GFlowNetTrainer(GRPOTrainer):
             "gfn_log_r": log_r,
         }
 
+    def _stored_prompt_ids(self, key: str) -> tuple[int, ...]:
+        """The token ids of stored prompt ``key``; a buffer restored from a checkpoint written
+        before they were kept re-tokenises its text."""
+        ids = self.replay_prompt_ids.get(key)
+        if ids is None:
+            ids = tuple(self._tokenizer.encode(key, add_special_tokens=False))
+        return ids
+
     def _task_rewards(
         self,
         inputs: list[dict[str, Any]],
         rows: list[tuple[int, ...]],
         rewards: np.ndarray,
         width: int,
+        scored: list[int],
     ) -> np.ndarray:
-        """u [B, width] (float64): reward_scale * S_k / T_R at every prefix k <= tau, 0 after."""
+        """u [B, width] (float64): reward_scale * S_k / T_R at every prefix k <= tau of the
+        ``scored`` rows, 0 elsewhere (replayed rows take their stored u, unscorable ones none)."""
         scores = np.zeros((len(rows), width))
-        scores[np.arange(len(rows)), [len(r) for r in rows]] = rewards
+        scores[scored, [len(rows[b]) for b in scored]] = rewards[scored]
         if self.prefix_reward_func is not None:
-            pairs = [(b, k) for b, r in enumerate(rows) for k in range(len(r))]
+            pairs, prefix = prefix_scores(
+                self.prefix_reward_func, self._tokenizer, inputs, rows, scored
+            )
             if pairs:
-                texts = self._tokenizer.batch_decode(
-                    [rows[b][:k] for b, k in pairs], skip_special_tokens=True
-                )
-                prompts = [inputs[b]["prompt"] for b, _ in pairs]
-                if is_conversational({"prompt": prompts[0]}):
-                    texts = [[{"role": "assistant", "content": t}] for t in texts]
-                columns = {
-                    key: [inputs[b][key] for b, _ in pairs]
-                    for key in inputs[0]
-                    if key not in ("prompt", "completion", "completion_ids")
-                }
-                values = self.prefix_reward_func(prompts=prompts, completions=texts, **columns)
-                prefix = np.array([np.nan if v is None else float(v) for v in values])
-                if prefix.shape != (len(pairs),) or not np.all(np.isfinite(prefix)):
-                    raise ValueError(
-                        f"prefix_reward_func: expected {len(pairs)} finite rewards, got {values!r}"
-                    )
-                index = tuple(np.array(pairs).T)
-                scores[index] = prefix
+                scores[tuple(np.array(pairs).T)] = prefix
         return self.gfn_args.reward_scale * scores / self.gfn_args.reward_temperature
 
     @torch.no_grad()
@@ -322,6 +349,7 @@ class GFlowNetTrainer(GRPOTrainer):
             "log_z": self.log_z.detach().cpu().clone(),
             "buffer": None if self.buffer is None else self.buffer.state_dict(),
             "replay_rng": self.replay_rng.bit_generator.state,
+            "replay_prompt_ids": self._kept_prompt_ids(),
         }
         torch.save(
             state, os.path.join(folder, STATE_FILE.format(rank=self.accelerator.process_index))
@@ -339,6 +367,15 @@ class GFlowNetTrainer(GRPOTrainer):
         if self.buffer is not None and state["buffer"] is not None:
             self.buffer.load_state_dict(state["buffer"])
         self.replay_rng.bit_generator.state = state["replay_rng"]
+        self.replay_prompt_ids = dict(state.get("replay_prompt_ids", {}))
+
+    def _kept_prompt_ids(self) -> dict[str, tuple[int, ...]]:
+        """The prompt ids of the prompts the buffer still holds (the others are dropped)."""
+        if self.buffer is None:
+            return {}
+        ids = self.replay_prompt_ids
+        self.replay_prompt_ids = {p: ids[p] for p in self.buffer.prompts() if p in ids}
+        return dict(self.replay_prompt_ids)
 
 
 def _average_over_processes(param: torch.Tensor) -> None:
