@@ -46,6 +46,7 @@ from raptb.integrations.trl.replay import (
     splice_prompts,
     stored_u,
 )
+from raptb.integrations.trl.rewards import check_finite_rewards, summed_rewards
 
 SimilarityFunc = Callable[[Sequence[str], Sequence[str]], Any]
 """``f(texts_a, texts_b) -> [len(a), len(b)]`` similarities in [0, 1], symmetric."""
@@ -143,9 +144,8 @@ class GFlowNetTrainer(GRPOTrainer):
             self.gfn_args, self.train_dataset, self.num_generations, self.num_iterations
         )
         if reason is not None:
-            warnings.warn(
-                f"GFlowNetTrainer: replay={self.gfn_args.replay!r} {reason}", stacklevel=3
-            )
+            replay = self.gfn_args.replay
+            warnings.warn(f"GFlowNetTrainer: replay={replay!r} {reason}", stacklevel=3)
 
     def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
         optimizer = super().create_optimizer(model)
@@ -168,11 +168,14 @@ class GFlowNetTrainer(GRPOTrainer):
         rewards_per_func = super()._calculate_rewards(
             inputs, prompts, completions, completion_ids_list
         )
-        # as TRL sums them for its logs; a completion no function scores counts as reward 0
-        weights = self.reward_weights.to(rewards_per_func.device)
-        summed = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
+        # TRL's sum (NaN: unscorable, rewards module); every process checks the whole batch
+        summed = summed_rewards(rewards_per_func, self.reward_weights)
         start = self.accelerator.process_index * len(prompts)
-        self._completion_rewards = summed[start : start + len(prompts)]
+        local = slice(start, start + len(prompts))
+        check_finite_rewards(
+            rewards_per_func, summed, self.reward_func_names, local, prompts, completions
+        )
+        self._completion_rewards = summed[local]
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
@@ -216,7 +219,8 @@ class GFlowNetTrainer(GRPOTrainer):
         texts = self._tokenizer.batch_decode(rows, skip_special_tokens=True)
         width = completion_ids.shape[1] + 1
         replayed = set(draw.rows)
-        scored = [b for b in range(len(rows)) if b not in replayed]
+        unscorable = np.isnan(rewards)
+        scored = [b for b in range(len(rows)) if b not in replayed and not unscorable[b]]
         u = stored_u(draw, self._task_rewards(inputs, rows, rewards, width, scored))
         log_r = torch.as_tensor(u, dtype=torch.float32, device=completion_ids.device)
         if self.gfn_args.kappa > 0:
@@ -224,13 +228,14 @@ class GFlowNetTrainer(GRPOTrainer):
                 prompt_ids, prompt_mask, completion_ids, completion_mask, length
             )
             log_r = log_r + self.gfn_args.kappa * prior / self.gfn_args.reward_temperature
+        mode_metrics = self._metrics["train" if training else "eval"]
+        mode_metrics["gflownet/unscorable_fraction"].append(float(unscorable.mean()))
         if training and self.buffer is not None:
-            kept = scored
+            kept = scored  # generated, kept and scorable: an unscorable row is never stored
             for b in kept:
                 ids = prompt_ids[b][prompt_mask[b].bool()]
                 self.replay_prompt_ids[keys[b]] = tuple(ids.tolist())
             self.buffer.add(self._replay_items(kept, keys, rows, texts, rewards, u, log_r))
-            mode_metrics = self._metrics["train"]
             mode_metrics["gflownet/replayed_fraction"].append(len(draw.rows) / len(rows))
             mode_metrics["gflownet/buffer_size"].append(float(len(self.buffer)))
         return {
@@ -241,6 +246,11 @@ class GFlowNetTrainer(GRPOTrainer):
             "gfn_length": length,
             "gfn_u": torch.as_tensor(u, dtype=torch.float32, device=completion_ids.device),
             "gfn_log_r": log_r,
+            # the rows the loss trains on: replayed, or generated and scorable
+            "gfn_scorable": torch.as_tensor(
+                [b in replayed or not unscorable[b] for b in range(len(rows))],
+                device=completion_ids.device,
+            ),
         }
 
     def _stored_prompt_ids(self, key: str) -> tuple[int, ...]:
@@ -329,7 +339,14 @@ class GFlowNetTrainer(GRPOTrainer):
                 length,
                 self.stop_ids,
             )
-        batch = PrefixBatch(log_pf, log_pterm, inputs["gfn_log_r"], inputs["gfn_u"], length)
+        keep = inputs["gfn_scorable"]
+        if not bool(keep.any()):
+            # nothing to train on (every row unscorable): a zero that keeps the graph whole
+            return (log_pf.sum() + log_pterm.sum() + self.log_z) * 0.0
+        fields = (log_pf, log_pterm, inputs["gfn_log_r"], inputs["gfn_u"], length)
+        if not bool(keep.all()):
+            fields = tuple(f[keep] for f in fields)
+        batch = PrefixBatch(*fields)
         loss, diagnostics = self.objective()(batch, self.log_z, self.state.global_step)
         mode = "train" if self.model.training else "eval"
         for key, value in diagnostics.items():

@@ -20,13 +20,15 @@ TRL_VERSION_READ = "1.16.0"
 
 OVERRIDDEN_TRL_INTERNALS = (
     "GRPOTrainer._generate_and_score_completions (wrapped: replay splice, rewards, reference)",
-    "GRPOTrainer._calculate_rewards (wrapped: keeps the summed reward of each completion)",
+    "GRPOTrainer._calculate_rewards (wrapped: keeps the summed reward of each completion, NaN "
+    "when unscorable as TRL marks it, and refuses an infinite one)",
     "GRPOTrainer._compute_loss (replaced: the GFlowNet objective)",
     "GRPOTrainer._save_checkpoint (extended: logZ, replay buffer and sampler state)",
     "GRPOTrainer._load_optimizer_and_scheduler (extended: restores them on resume)",
     "Trainer.create_optimizer (extended: logZ's own parameter group)",
     "Trainer._get_output_dir (called: the checkpoint folder)",
-    "GRPOTrainer.eos_token_ids, .ref_model, .reward_weights, .max_completion_length, ._metrics, "
+    "GRPOTrainer.eos_token_ids, .ref_model, .reward_weights, .reward_func_names, "
+    ".max_completion_length, ._metrics, "
     "._tokenizer, ._is_vlm, .beta, and Trainer.current_gradient_accumulation_steps (read; .beta "
     "set to 0 after construction)",
     "trl.trainer.utils.use_adapter (called: the PEFT reference)",
