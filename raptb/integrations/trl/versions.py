@@ -13,7 +13,8 @@ from importlib.metadata import PackageNotFoundError, version
 from packaging.version import Version
 
 TESTED_TRL = (Version("1.16"), Version("1.17"))
-"""[low, high): the TRL releases the tests pass with (the ``trl`` extra pins the same range)."""
+"""[low, high): the TRL releases the tests pass with (the ``trl`` extra pins the same range);
+development and pre-release builds of a release outside it are refused too."""
 
 TRL_VERSION_READ = "1.16.0"
 """The TRL release whose source the overridden internals were read from."""
@@ -43,7 +44,10 @@ def check_trl_version() -> str:
     except PackageNotFoundError:
         raise ImportError("raptb.integrations.trl needs TRL: pip install 'raptb[trl]'") from None
     low, high = TESTED_TRL
-    if not low <= Version(installed) < high:
+    found = Version(installed)
+    # a development or pre-release build counts as the release it leads to (1.17.0.dev0 is a TRL
+    # after 1.16, though it sorts below 1.17); one before ``low`` (1.16.0rc1) sorts below it
+    if not (low <= found and Version(found.base_version) < high):
         raise ImportError(
             f"raptb.integrations.trl is tested with trl>={low},<{high}, found trl {installed}: "
             f"pip install 'raptb[trl]'"
