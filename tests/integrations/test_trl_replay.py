@@ -21,6 +21,7 @@ from raptb.integrations.trl import GFlowNetConfig, GFlowNetTrainer
 from tests.integrations.trl_fixtures import (
     CPU_RUN,
     a_count_reward,
+    abc_eos,
     fixed_rollout,
 )
 
@@ -106,9 +107,7 @@ def test_a_row_replayed_from_another_prompt_is_trained_under_that_prompt(
 ) -> None:
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
     tokenizer = build_char_tokenizer()
-    a, b, c, eos = (
-        tokenizer.convert_tokens_to_ids(t) for t in ("a", "b", "c", tokenizer.eos_token)
-    )
+    a, b, c, eos = abc_eos()
     completions = {
         "ab": [[a, a, eos], [b, a, eos]],
         "long prompt": [[a, b, a, b, a, b], [eos]],

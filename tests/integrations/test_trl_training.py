@@ -17,13 +17,14 @@ import numpy as np
 import torch
 from datasets import Dataset
 
-from raptb.adapters.models import build_char_tokenizer
 from raptb.core.replay import ReplayBuffer
 from raptb.integrations.trl import GFlowNetConfig, GFlowNetTrainer
 from tests.integrations.trl_fixtures import (
     CPU_RUN,
     MAX_COMPLETION,
     a_count_reward,
+    abc_eos,
+    batch_rows,
     fixed_rollout,
 )
 
@@ -111,10 +112,7 @@ def test_replayed_rows_carry_their_stored_tokens_and_task_rewards(
     model_dir: Path, tmp_path: Path
 ) -> None:
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
-    tokenizer = build_char_tokenizer()
-    a, b, c, eos = (
-        tokenizer.convert_tokens_to_ids(t) for t in ("a", "b", "c", tokenizer.eos_token)
-    )
+    a, b, c, eos = abc_eos()
     # the second generation batch is new text, so any first-batch tokens in it were replayed
     completions = {
         "ab": [[a, a, eos], [b, eos], [c, c, eos], [c, eos]],
@@ -185,13 +183,7 @@ def test_with_peft_the_reference_is_the_base_model_with_the_adapter_disabled(
     trainer.train()
     trainer.model.train()
     batch = trainer._generate_and_score_completions([{"prompt": "ab"}] * 8)
-    rows = (
-        batch["prompt_ids"],
-        batch["prompt_mask"],
-        batch["completion_ids"],
-        batch["completion_mask"],
-        batch["gfn_length"],
-    )
+    rows = batch_rows(batch)
     base = LlamaForCausalLM.from_pretrained(model_dir).eval()
     with torch.no_grad():
         want = stop_log_prob(*prefix_log_probs(base, *rows, trainer.stop_ids), rows[-1])

@@ -49,6 +49,20 @@ def write_tiny_llama(folder: Path, seed: int = 0) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+def abc_eos() -> tuple[int, int, int, int]:
+    """The character tokenizer's ids of "a", "b", "c" and its EOS token."""
+    tokenizer = build_char_tokenizer()
+    a, b, c = (tokenizer.convert_tokens_to_ids(t) for t in "abc")
+    return a, b, c, tokenizer.eos_token_id
+
+
+def batch_rows(batch: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+    """A trainer batch's (prompt_ids, prompt_mask, completion_ids, completion_mask, length), the
+    arguments of ``prefix_log_probs``."""
+    keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "gfn_length")
+    return tuple(batch[k] for k in keys)
+
+
 def a_count_reward(completions: list[str], **kwargs: Any) -> list[float]:
     """Toy task score in [0, 1]: the share of 'a' among the first six characters."""
     return [min(c.count("a"), MAX_COMPLETION) / MAX_COMPLETION for c in completions]

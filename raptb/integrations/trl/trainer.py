@@ -31,7 +31,10 @@ from trl.trainer.utils import use_adapter
 from raptb.core.gfn.batch import PrefixBatch
 from raptb.core.gfn.objectives import Objective
 from raptb.core.replay import ReplayBuffer, ReplayItem, make_buffer
+from raptb.integrations.trl.checkpoint_state import load_gflownet_state, save_gflownet_state
+from raptb.integrations.trl.completions_table import log_completions, record_trained_rows
 from raptb.integrations.trl.config import GFlowNetConfig
+from raptb.integrations.trl.model_card import PAPER, method_name
 from raptb.integrations.trl.prefix_log_probs import (
     prefix_log_probs,
     stop_log_prob,
@@ -50,8 +53,6 @@ from raptb.integrations.trl.rewards import check_finite_rewards, summed_rewards
 
 SimilarityFunc = Callable[[Sequence[str], Sequence[str]], Any]
 """``f(texts_a, texts_b) -> [len(a), len(b)]`` similarities in [0, 1], symmetric."""
-STATE_FILE = "gflownet_state_{rank}.pt"
-"""The per-process file a checkpoint folder gets: logZ, the replay buffer, the replay sampler."""
 
 
 class CallableSimilarity:
@@ -77,6 +78,7 @@ class GFlowNetTrainer(GRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "raptb", "gflownet"]
     _name = "GFlowNet"
+    _paper: ClassVar[dict[str, Any]] = PAPER
 
     def __init__(
         self,
@@ -109,6 +111,7 @@ class GFlowNetTrainer(GRPOTrainer):
         if self._is_vlm:
             raise ValueError("GFlowNetTrainer: vision-language models are not supported")
         self.gfn_args = config
+        self._name = method_name(config.loss, config.replay)  # what TRL's model card credits
         self.stop_ids = list(dict.fromkeys(int(i) for i in self.eos_token_ids))
         self.prefix_reward_func = prefix_reward_func
         self.log_z = torch.nn.Parameter(
@@ -228,6 +231,9 @@ class GFlowNetTrainer(GRPOTrainer):
                 prompt_ids, prompt_mask, completion_ids, completion_mask, length
             )
             log_r = log_r + self.gfn_args.kappa * prior / self.gfn_args.reward_temperature
+        if self.log_completions:
+            batch = (prompt_ids, prompt_mask, completion_ids, completion_mask, length)
+            self._record_trained_rows(draw, keys, texts, rewards, log_r, batch)
         mode_metrics = self._metrics["train" if training else "eval"]
         mode_metrics["gflownet/unscorable_fraction"].append(float(unscorable.mean()))
         if training and self.buffer is not None:
@@ -252,6 +258,38 @@ class GFlowNetTrainer(GRPOTrainer):
                 device=completion_ids.device,
             ),
         }
+
+    @torch.no_grad()
+    def _record_trained_rows(
+        self,
+        draw: ReplayDraw,
+        keys: list[str],
+        texts: list[str],
+        rewards: np.ndarray,
+        log_r: torch.Tensor,
+        batch: tuple[torch.Tensor, ...],
+    ) -> None:
+        """The completions table's rows (completions_table): what the loss trains on."""
+        at_stop = batch[-1][:, None]
+        log_pi = stop_log_prob(*prefix_log_probs(self.model, *batch, self.stop_ids), batch[-1])
+        record_trained_rows(
+            self._logs,
+            self.args.generation_batch_size,
+            draw,
+            (keys, texts, rewards),
+            log_r.gather(1, at_stop)[:, 0].tolist(),
+            log_pi.gather(1, at_stop)[:, 0].tolist(),
+        )
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        wanted = self.log_completions
+        self.log_completions = False  # TRL's table would show GRPO's advantage
+        try:
+            super().log(logs, start_time)
+        finally:
+            self.log_completions = wanted
+        if wanted and self.accelerator.is_main_process:
+            log_completions(self)
 
     def _stored_prompt_ids(self, key: str) -> tuple[int, ...]:
         """The token ids of stored prompt ``key``; a buffer restored from a checkpoint written
@@ -362,37 +400,12 @@ class GFlowNetTrainer(GRPOTrainer):
         folder = os.path.join(
             self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         )
-        state = {
-            "log_z": self.log_z.detach().cpu().clone(),
-            "buffer": None if self.buffer is None else self.buffer.state_dict(),
-            "replay_rng": self.replay_rng.bit_generator.state,
-            "replay_prompt_ids": self._kept_prompt_ids(),
-        }
-        torch.save(
-            state, os.path.join(folder, STATE_FILE.format(rank=self.accelerator.process_index))
-        )
+        save_gflownet_state(self, folder)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None:
-            return
-        path = os.path.join(checkpoint, STATE_FILE.format(rank=self.accelerator.process_index))
-        # our own file, written by _save_checkpoint: numpy arrays and plain values
-        state = torch.load(path, weights_only=False)
-        with torch.no_grad():
-            self.log_z.copy_(state["log_z"])
-        if self.buffer is not None and state["buffer"] is not None:
-            self.buffer.load_state_dict(state["buffer"])
-        self.replay_rng.bit_generator.state = state["replay_rng"]
-        self.replay_prompt_ids = dict(state.get("replay_prompt_ids", {}))
-
-    def _kept_prompt_ids(self) -> dict[str, tuple[int, ...]]:
-        """The prompt ids of the prompts the buffer still holds (the others are dropped)."""
-        if self.buffer is None:
-            return {}
-        ids = self.replay_prompt_ids
-        self.replay_prompt_ids = {p: ids[p] for p in self.buffer.prompts() if p in ids}
-        return dict(self.replay_prompt_ids)
+        if checkpoint is not None:
+            load_gflownet_state(self, checkpoint)
 
 
 def _average_over_processes(param: torch.Tensor) -> None:

@@ -27,6 +27,10 @@ OVERRIDDEN_TRL_INTERNALS = (
     "GRPOTrainer._save_checkpoint (extended: logZ, replay buffer and sampler state)",
     "GRPOTrainer._load_optimizer_and_scheduler (extended: restores them on resume)",
     "Trainer.create_optimizer (extended: logZ's own parameter group)",
+    "GRPOTrainer.log (wrapped: the completions table written by completions_table, its "
+    "._logs rows rewritten after generation; reads .log_completions, .num_completions_to_print, "
+    ".log_unique_prompts)",
+    "GRPOTrainer._name, ._paper (replaced: what create_model_card credits and cites)",
     "Trainer._get_output_dir (called: the checkpoint folder)",
     "GRPOTrainer.eos_token_ids, .ref_model, .reward_weights, .reward_func_names, "
     ".max_completion_length, ._metrics, "
