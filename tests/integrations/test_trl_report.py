@@ -116,3 +116,45 @@ def test_log_pi_is_the_policys_log_probability_of_the_completion_and_its_stop(
         list(trainer._logs["gflownet"]["log_pi"]), want.gather(1, tau)[:, 0], rtol=1e-5
     )
 
+
+@pytest.mark.parametrize("loss", ["subtb", "vargrad", "tb"])
+def test_the_logs_show_log_z_only_where_the_objective_uses_it(
+    model_dir: Path, tmp_path: Path, loss: str
+) -> None:
+    """SubTB's logZ cancels and VarGrad estimates it from the batch: the idle learned logZ
+    (which never moves) is not logged as theirs; VarGrad's estimate is, under its own name."""
+    trainer = trainer_for(model_dir, tmp_path, loss=loss, replay="none", log_completions=False)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    for _ in range(2):
+        batch = trainer._generate_and_score_completions(FOUR_ROWS)
+        trainer._compute_loss(trainer.model, batch)
+    logged = trainer._metrics["train"]
+    assert ("gflownet/log_z" in logged) == (loss == "tb")
+    if loss == "vargrad":
+        first, second = logged["gflownet/log_z_estimate"]
+        assert first != second  # the estimate follows the batch
+        assert first != pytest.approx(trainer.log_z.item())
+
+
+def test_num_iterations_trains_each_generation_batch_that_many_times(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    trainer = trainer_for(model_dir, tmp_path, num_iterations=2, log_completions=False)
+    calls = {"generate": 0, "loss": 0}
+    generate, compute = trainer._generate_and_score_completions, trainer._compute_loss
+
+    def counted_generate(inputs: Any) -> Any:
+        calls["generate"] += 1
+        return generate(inputs)
+
+    def counted_loss(model: Any, inputs: Any) -> Any:
+        calls["loss"] += 1
+        return compute(model, inputs)
+
+    trainer._generate_and_score_completions = counted_generate  # type: ignore[method-assign]
+    trainer._compute_loss = counted_loss  # type: ignore[method-assign]
+    trainer.train()
+    assert calls == {"generate": 1, "loss": 2}
+    unused = (GFlowNetConfig.__doc__ or "").split("are not used by the GFlowNet loss")[0]
+    assert "`num_iterations`" not in unused  # the docstring does not call it unused

@@ -191,3 +191,35 @@ def test_scorable_rewards_are_unchanged_with_one_function(model_dir: Path, tmp_p
         SCORES[t][1] is not None and not math.isnan(SCORES[t][1]) for t in SCORES
     ]
     assert np.isfinite(batch["gfn_u"].numpy()).all()
+
+
+def test_prefix_reward_func_gets_the_keyword_arguments_reward_functions_get(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    seen: dict[str, dict[str, Any]] = {}
+
+    def reward(completions: list[str], **kwargs: Any) -> list[float]:
+        seen["reward"] = kwargs
+        return [0.5] * len(completions)
+
+    def prefix(completions: list[str], **kwargs: Any) -> list[float]:
+        seen["prefix"] = {"completions": completions, **kwargs}
+        kwargs["log_metric"]("prefix_calls", 1.0)
+        kwargs["log_extra"]("length", [len(c) for c in completions])
+        return [0.1] * len(completions)
+
+    trainer = trainer_for(model_dir, tmp_path, [reward], replay="none")
+    trainer.prefix_reward_func = prefix
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([{"prompt": "p"}] * 3 + [{"prompt": "q"}] * 3)
+    reward_keys = set(seen["reward"]) - {"prompts"}
+    assert reward_keys == {"completion_ids", "trainer_state", "log_extra", "log_metric"}
+    got = seen["prefix"]
+    assert reward_keys <= set(got)
+    assert got["trainer_state"] is trainer.state
+    texts = got["completions"]
+    assert [trainer._tokenizer.decode(ids) for ids in got["completion_ids"]] == texts
+    assert trainer._metrics["train"]["prefix_calls"] == [1.0]  # reported with this batch
+    # one list per row of its prefixes' values (k = 0..tau-1)
+    tau = batch["gfn_length"].tolist()
+    assert list(trainer._logs["extra"]["prefix length"]) == [list(range(n)) for n in tau]

@@ -57,9 +57,13 @@ class GFlowNetConfig(GRPOConfig):
     r"""
     Configuration class for [`GFlowNetTrainer`]: [`~trl.GRPOConfig`] plus raptb's GFlowNet
     objective, reward and replay parameters. TRL's `beta` (KL weight), the advantage and clipping
-    fields (`scale_rewards`, `loss_type`, `epsilon`, `epsilon_high`, `delta`, `num_iterations`,
+    fields (`scale_rewards`, `loss_type`, `epsilon`, `epsilon_high`, `delta`,
     `importance_sampling_level`, `top_entropy_quantile`, `entropy_coef`, `off_policy_mask_threshold`
     and the `vllm_importance_sampling_*` fields) are not used by the GFlowNet loss.
+    `num_iterations` is TRL's: each generation batch is trained on that many times (the later
+    passes off-policy, which the GFlowNet objectives allow). With `loss="subtb"` or `"vargrad"`
+    the learned logZ is not used (SubTB's cancels, VarGrad estimates it from the batch), so
+    `log_z_init` and `log_z_lr` have no effect.
 
     Parameters:
     """

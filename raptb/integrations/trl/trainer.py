@@ -40,7 +40,12 @@ from raptb.integrations.trl.prefix_log_probs import (
     stop_log_prob,
     trajectory_lengths,
 )
-from raptb.integrations.trl.prefix_rewards import PrefixRewardFunc, prefix_scores
+from raptb.integrations.trl.prefix_rewards import (
+    PrefixLogs,
+    PrefixRewardFunc,
+    flush_prefix_logs,
+    prefix_scores,
+)
 from raptb.integrations.trl.replay import (
     ReplayDraw,
     draw_replay,
@@ -312,9 +317,11 @@ class GFlowNetTrainer(GRPOTrainer):
         scores = np.zeros((len(rows), width))
         scores[scored, [len(rows[b]) for b in scored]] = rewards[scored]
         if self.prefix_reward_func is not None:
+            logs = PrefixLogs()
             pairs, prefix = prefix_scores(
-                self.prefix_reward_func, self._tokenizer, inputs, rows, scored
+                self.prefix_reward_func, self._tokenizer, inputs, rows, scored, self.state, logs
             )
+            flush_prefix_logs(self, logs, pairs, len(rows))
             if pairs:
                 scores[tuple(np.array(pairs).T)] = prefix
         return self.gfn_args.reward_scale * scores / self.gfn_args.reward_temperature
@@ -387,6 +394,12 @@ class GFlowNetTrainer(GRPOTrainer):
         batch = PrefixBatch(*fields)
         loss, diagnostics = self.objective()(batch, self.log_z, self.state.global_step)
         mode = "train" if self.model.training else "eval"
+        objective = self.objective()
+        if not objective.learns_log_z:
+            # the learned logZ is idle (SubTB's cancels); VarGrad's is the batch's estimate
+            idle = diagnostics.pop("log_z")
+            if objective.name == "vargrad":
+                diagnostics["log_z_estimate"] = idle
         for key, value in diagnostics.items():
             self._metrics[mode][f"gflownet/{key}"].append(value)
         if mode == "train":
