@@ -142,6 +142,33 @@ def splice_completions(
     return ids, mask
 
 
+def replay_items(
+    kept: Sequence[int],
+    generated: tuple[Sequence[str], Sequence[tuple[int, ...]], Sequence[str], np.ndarray],
+    u: np.ndarray,
+    log_r: torch.Tensor,
+    valid_min_reward: float | None,
+) -> list[ReplayItem]:
+    """The buffer items of the ``kept`` rows of a batch: ``generated`` holds each row's prompt
+    key, completion tokens (before the stop), text and summed reward S; ``u`` [B, C+1] and
+    ``log_r`` [B, C+1] its task rewards and log-rewards. An item is valid when S >=
+    ``valid_min_reward`` (every item when None)."""
+    keys, rows, texts, rewards = generated
+    log_r_host = log_r.double().cpu().numpy()
+    return [
+        ReplayItem(
+            prompt=keys[b],
+            tokens=rows[b],
+            text=texts[b],
+            log_r=log_r_host[b, : len(rows[b]) + 1],
+            u=u[b, : len(rows[b]) + 1],
+            valid=valid_min_reward is None or bool(rewards[b] >= valid_min_reward),
+            score=float(rewards[b]),
+        )
+        for b in kept
+    ]
+
+
 def stored_u(draw: ReplayDraw, u: np.ndarray) -> np.ndarray:
     """``u`` [B, C+1] with the drawn rows' task rewards replaced by their items' stored u."""
     out = u.copy()

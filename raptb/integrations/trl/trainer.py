@@ -30,7 +30,7 @@ from trl.trainer.utils import use_adapter
 
 from raptb.core.gfn.batch import PrefixBatch
 from raptb.core.gfn.objectives import Objective
-from raptb.core.replay import ReplayBuffer, ReplayItem, make_buffer
+from raptb.core.replay import ReplayBuffer, make_buffer
 from raptb.integrations.trl.checkpoint_state import load_gflownet_state, save_gflownet_state
 from raptb.integrations.trl.completions_table import log_completions, record_trained_rows
 from raptb.integrations.trl.config import GFlowNetConfig
@@ -49,6 +49,7 @@ from raptb.integrations.trl.prefix_rewards import (
 from raptb.integrations.trl.replay import (
     ReplayDraw,
     draw_replay,
+    replay_items,
     replay_never_fires,
     splice_completions,
     splice_prompts,
@@ -246,7 +247,9 @@ class GFlowNetTrainer(GRPOTrainer):
             for b in kept:
                 ids = prompt_ids[b][prompt_mask[b].bool()]
                 self.replay_prompt_ids[keys[b]] = tuple(ids.tolist())
-            self.buffer.add(self._replay_items(kept, keys, rows, texts, rewards, u, log_r))
+            threshold = self.gfn_args.replay_valid_min_reward
+            generated = (keys, rows, texts, rewards)
+            self.buffer.add(replay_items(kept, generated, u, log_r, threshold))
             mode_metrics["gflownet/replayed_fraction"].append(len(draw.rows) / len(rows))
             mode_metrics["gflownet/buffer_size"].append(float(len(self.buffer)))
         return {
@@ -344,31 +347,6 @@ class GFlowNetTrainer(GRPOTrainer):
             with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
                 ref_pf, ref_pterm = prefix_log_probs(self.model, *batch)
         return stop_log_prob(ref_pf, ref_pterm, length)
-
-    def _replay_items(
-        self,
-        kept: list[int],
-        keys: list[str],
-        rows: list[tuple[int, ...]],
-        texts: list[str],
-        rewards: np.ndarray,
-        u: np.ndarray,
-        log_r: torch.Tensor,
-    ) -> list[ReplayItem]:
-        threshold = self.gfn_args.replay_valid_min_reward
-        log_r_host = log_r.double().cpu().numpy()
-        return [
-            ReplayItem(
-                prompt=keys[b],
-                tokens=rows[b],
-                text=texts[b],
-                log_r=log_r_host[b, : len(rows[b]) + 1],
-                u=u[b, : len(rows[b]) + 1],
-                valid=threshold is None or bool(rewards[b] >= threshold),
-                score=float(rewards[b]),
-            )
-            for b in kept
-        ]
 
     # --- loss ----------------------------------------------------------------------------------
 
