@@ -48,11 +48,12 @@ def sample_rows(
     samples: int,
     seed: int,
     batch_size: int,
+    temperature: float,
     progress: bool,
     dist: DistContext,
 ) -> list[dict[str, Any]]:
-    """Draw and score ``samples`` trajectories (this rank's chunks, then gathered from all
-    ranks in chunk order); one JSON-ready dict per sample."""
+    """Draw and score ``samples`` trajectories at ``temperature`` (this rank's chunks, then
+    gathered from all ranks in chunk order); one JSON-ready dict per sample."""
     generator = torch.Generator(device=policy.device).manual_seed(sampling_seed(seed, dist.rank))
     chunks = _chunks(task.prompts(), samples, batch_size, per_prompt=spec.eval_per_prompt)
     mine = [chunk for chunk in range(len(chunks)) if chunk % dist.world_size == dist.rank]
@@ -70,7 +71,7 @@ def sample_rows(
                 n,
                 min_length=task.min_length,
                 max_length=task.max_length,
-                temperature=1.0,
+                temperature=temperature,
                 generator=generator,
             )
             # every prefix of the chunk scored at once (batched rewards, one cache pass)

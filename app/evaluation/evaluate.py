@@ -1,9 +1,11 @@
 """``raptb eval RUN_DIR``: sample the trained policy, score the samples, write metrics and plots.
 
-Protocol (metrics.md): N i.i.d. samples from the run's latest checkpoint at temperature 1 with the
-training constraints (the task's legal tokens, grammar and min/max length), drawn in chunks of
-``batch_size`` rows with one ``torch.Generator`` seeded by ``seed``. The same checkpoint, seed,
-N and batch size give the same samples; a different batch size gives a different (equally valid)
+Protocol (metrics.md): N i.i.d. samples from the run's latest checkpoint at the run's training
+temperature (1 for the GFlowNet objectives, ``rl.temperature`` for ``--loss grpo|ppo``: TRL's
+defaults 1.0 and 0.7; ``temperature`` overrides it) with the training constraints (the task's
+legal tokens, grammar and min/max length), drawn in chunks of ``batch_size`` rows with one
+``torch.Generator`` seeded by ``seed``. The same checkpoint, seed, N, batch size and temperature
+give the same samples; a different batch size gives a different (equally valid)
 draw, because rows of a chunk share the generator in lock step.
 
 Launched on several processes (``accelerate launch -m raptb eval RUN_DIR``), rank r samples
@@ -37,6 +39,7 @@ checkpoint's step.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -54,6 +57,7 @@ from raptb.app.evaluation.eval_run import (
     checkpoint_policy,
     eval_dir,
     load_run,
+    training_temperature,
 )
 from raptb.app.evaluation.eval_sampling import add_reference_pterm, sample_rows
 from raptb.app.evaluation.exact_eval import exact_command
@@ -100,6 +104,7 @@ def evaluate(
     samples: int | None = None,
     seed: int = 0,
     batch_size: int = DEFAULT_BATCH_SIZE,
+    temperature: float | None = None,
     progress: bool = True,
     dist: DistContext | None = None,
 ) -> dict[str, Any]:
@@ -111,11 +116,13 @@ def evaluate(
     samples: N, default the run's ``eval_samples`` (else the task's default); per prompt for a
     task whose spec sets ``eval_per_prompt`` (CommonGen). Returns the dict
     written to metrics.json.
+    temperature: the sampling temperature; None: the run's training temperature
+    (``training_temperature``). The recorded log-probs are untempered either way.
     When the run's config sets ``threads``, torch's (process-wide) thread count is set to it.
 
     Raises:
         EvalError: ``run_dir`` is not a run directory, has no checkpoint, the checkpoint cannot
-            be loaded, or ``samples``/``batch_size`` < 1.
+            be loaded, ``samples``/``batch_size`` < 1 or ``temperature`` not > 0.
         ConfigError: the run's config.toml is invalid.
     """
     run_dir = Path(run_dir)
@@ -123,6 +130,8 @@ def evaluate(
         raise EvalError(f"samples: must be >= 1, got {samples}")
     if batch_size < 1:
         raise EvalError(f"batch_size: must be >= 1, got {batch_size}")
+    if temperature is not None and not (math.isfinite(temperature) and temperature > 0):
+        raise EvalError(f"temperature: must be finite and > 0, got {temperature}")
     dist = DistContext.from_accelerate() if dist is None else dist
     # rank 0 checks the run and chooses the checkpoint; the others read the config it validated
     checkpoint = dist.on_main(lambda: load_run(run_dir)[1])
@@ -139,6 +148,7 @@ def evaluate(
     final = RewardSchedule(config.reward, config.schedule_horizon).at(config.schedule_horizon)
     scorer = PrefixScorer(task, policy, final.scale)
     n = config.eval_sample_count if samples is None else samples
+    temperature = training_temperature(config) if temperature is None else temperature
     rows = sample_rows(
         policy,
         task,
@@ -147,6 +157,7 @@ def evaluate(
         samples=n,
         seed=seed,
         batch_size=batch_size,
+        temperature=temperature,
         progress=progress,
         dist=dist,
     )
@@ -158,10 +169,9 @@ def evaluate(
             else build_policy(config.model, task, config.seed, device=dist.device, tiny=config.tiny)
         )
         add_reference_pterm(rows, reference, adapter=adapter, batch_size=batch_size)
+    drawn = {"seed": seed, "batch_size": batch_size, "temperature": temperature}
     return dist.on_main(
-        lambda: _write_eval(
-            run_dir, checkpoint, config, spec, task, rows, seed, batch_size, dist.world_size
-        )
+        lambda: _write_eval(run_dir, checkpoint, config, spec, task, rows, drawn, dist.world_size)
     )
 
 
@@ -172,19 +182,17 @@ def _write_eval(
     spec: TaskSpec,
     task: Task,
     rows: list[dict[str, Any]],
-    seed: int,
-    batch_size: int,
+    drawn: dict[str, Any],
     processes: int,
 ) -> dict[str, Any]:
-    """The metrics of ``rows``, written with the samples and plots to ``run_dir``/eval."""
+    """The metrics of ``rows`` (drawn with the ``seed``, ``batch_size`` and ``temperature`` of
+    ``drawn``), written with the samples and plots to ``run_dir``/eval."""
     metrics = spec.metrics(task, rows)
     metrics["eval"] = {
         "checkpoint": checkpoint.name,
         "step": checkpoint_step(checkpoint),
         "model": config.model,
-        "seed": seed,
-        "batch_size": batch_size,
-        "temperature": 1.0,
+        **drawn,
     }
     if processes > 1:
         metrics["eval"]["processes"] = processes
@@ -256,6 +264,13 @@ def eval_command(
     batch_size: Annotated[
         int, typer.Option(help="Rows sampled in lock step per chunk (changes the draw).")
     ] = DEFAULT_BATCH_SIZE,
+    temperature: Annotated[
+        float | None,
+        typer.Option(
+            help="Sampling temperature. Default: the run's training temperature (rl.temperature "
+            "for --loss grpo|ppo, 1 for the GFlowNet objectives)."
+        ),
+    ] = None,
     json_output: Annotated[
         bool, typer.Option("--json", help="Print metrics.json to stdout instead of a table.")
     ] = False,
@@ -268,14 +283,17 @@ def eval_command(
         ),
     ] = False,
 ) -> None:
-    """Sample the run's latest checkpoint at temperature 1; write samples, metrics and plots.
+    """Sample the run's latest checkpoint at its training temperature; write samples, metrics and
+    plots.
 
     Outputs go to RUN_DIR/eval/: samples.jsonl, metrics.json and PNG plots.
     """
     if exact:
         return exact_command(run_dir, json_output=json_output)
     try:
-        metrics = evaluate(run_dir, samples=samples, seed=seed, batch_size=batch_size)
+        metrics = evaluate(
+            run_dir, samples=samples, seed=seed, batch_size=batch_size, temperature=temperature
+        )
         leave_process_group()
     except (EvalError, ConfigError) as exc:
         if dist_rank() == 0:

@@ -153,6 +153,8 @@ class Objective:
     """Base class: a callable ``loss_fn(batch, log_z, step=0) -> (loss, diagnostics)``."""
 
     name: ClassVar[str] = ""
+    learns_log_z: ClassVar[bool] = True
+    """Whether the loss depends on the learned logZ (SubTB's cancels, VarGrad estimates it)."""
 
     def __call__(
         self, batch: PrefixBatch, log_z: Array | float, step: int = 0
@@ -178,6 +180,7 @@ class SubTB(Objective):
     """LLM-form subtrajectory balance over all windows, weights lambda^(j-i-1)."""
 
     name: ClassVar[str] = "subtb"
+    learns_log_z: ClassVar[bool] = False
     subtb_lambda: float = 0.9
     normalization: Literal["trajectory", "batch"] = "trajectory"
 
@@ -343,6 +346,7 @@ class VarGrad(Objective):
     """logZ-free variance objective: Var_b(C_tau + log_pterm[tau] - log_r[tau])."""
 
     name: ClassVar[str] = "vargrad"
+    learns_log_z: ClassVar[bool] = False
 
     def partial_residuals(self, batch: PrefixBatch) -> Array:
         """The logZ-free TB residual of each row, C_tau + log_pterm[tau] - log_r[tau], [B]."""

@@ -247,3 +247,32 @@ def test_cli_bad_input_exits_2_with_one_line(run_dir: Path, case: str) -> None:
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+
+
+def test_an_rl_run_is_sampled_at_its_training_temperature_unless_told(run_dir: Path) -> None:
+    """A PPO run trained at rl.temperature 0.7 is evaluated at 0.7 (the same draw as asking for
+    0.7), not at 1; ``temperature`` overrides it."""
+    config = TrainConfig(
+        loss="ppo", eval_samples=12, threads=1, rl={"temperature": 0.7}, replay={"kind": "none"}
+    )
+    save_config(config, run_dir / "config.toml")
+    samples_file = run_dir / "eval" / "samples.jsonl"
+    evaluate(run_dir, samples=32, seed=3, progress=False)
+    default = samples_file.read_bytes()
+    assert read_metrics(run_dir)["eval"]["temperature"] == 0.7
+    evaluate(run_dir, samples=32, seed=3, progress=False, temperature=0.7)
+    assert samples_file.read_bytes() == default
+    evaluate(run_dir, samples=32, seed=3, progress=False, temperature=1.0)
+    assert samples_file.read_bytes() != default
+    assert read_metrics(run_dir)["eval"]["temperature"] == 1.0
+
+
+def test_cli_temperature_sets_the_sampling_temperature(run_dir: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["eval", str(run_dir), "--samples", "4", "--temperature", "0.5", "--json"]
+    )
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["eval"]["temperature"] == 0.5
+    bad = CliRunner().invoke(app, ["eval", str(run_dir), "--samples", "4", "--temperature", "0"])
+    assert bad.exit_code == 2
+    assert bad.stderr.strip() == "error: temperature: must be finite and > 0, got 0.0"

@@ -11,7 +11,9 @@ summed over the micro-batches; read in huggingface/trl ``trl/trainer/grpo_traine
 ``trl/trainer/utils.py`` (``nanstd``) at commit f2cd577. The transcription's gradient with respect
 to each action's log-prob, pushed through the model's log-probs, is the reference gradient.
 TRL's micro-batches here are the generation batch's rows in order (TRL shuffles them first,
-which changes nothing but bnpo).
+which changes nothing but bnpo: raptb's bnpo step is TRL's for an unshuffled split,
+docs/rl-baselines.md), and dr_grpo's ``max_completion_length`` is the action width (raptb's cap,
+max_length + 1; TRL's configured default is 512).
 
 Then the invariance: dapo, cispo, grpo and dr_grpo give the same update for batch_size 8 x
 grad_accum 4 and 32 x 1; bnpo (a token mean per micro-batch, in TRL too) matches TRL for each

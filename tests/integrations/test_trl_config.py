@@ -15,13 +15,26 @@ from raptb.integrations.trl import GFlowNetConfig, versions
 CPU = {"output_dir": "unused", "report_to": [], "bf16": False, "use_cpu": True}
 
 
-def test_an_untested_trl_version_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "found", ["1.17.0", "1.15.2", "1.17.0.dev0", "1.17.0rc1", "1.16.0.dev0", "1.16.0rc2"]
+)
+def test_an_untested_trl_version_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, found: str
+) -> None:
+    """Releases outside [1.16, 1.17) and development builds of them (1.17.0.dev0 is a TRL
+    installed from its repository after 1.16; 1.16.0rc2 comes before the tested release)."""
     assert versions.check_trl_version().startswith("1.16")
-    monkeypatch.setattr(versions, "version", lambda name: "1.17.0")
+    monkeypatch.setattr(versions, "version", lambda name: found)
     with pytest.raises(ImportError) as info:
         versions.check_trl_version()
     message = str(info.value)
-    assert "\n" not in message and "trl>=1.16,<1.17" in message and "1.17.0" in message
+    assert "\n" not in message and "trl>=1.16,<1.17" in message and found in message
+
+
+@pytest.mark.parametrize("found", ["1.16.0", "1.16.3", "1.16.1.dev0", "1.16.0.post1"])
+def test_a_tested_trl_version_is_accepted(monkeypatch: pytest.MonkeyPatch, found: str) -> None:
+    monkeypatch.setattr(versions, "version", lambda name: found)
+    assert versions.check_trl_version() == found
 
 
 @pytest.mark.parametrize(

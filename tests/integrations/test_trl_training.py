@@ -17,14 +17,15 @@ import numpy as np
 import torch
 from datasets import Dataset
 
-from raptb.adapters.models import build_char_tokenizer
 from raptb.core.replay import ReplayBuffer
 from raptb.integrations.trl import GFlowNetConfig, GFlowNetTrainer
 from tests.integrations.trl_fixtures import (
+    CPU_RUN,
     MAX_COMPLETION,
     a_count_reward,
+    abc_eos,
+    batch_rows,
     fixed_rollout,
-    write_tiny_llama,
 )
 
 LOG_Z_INIT = 30.0  # about log(V^6 E[R]) for this model: the policy's signal is not swamped
@@ -35,28 +36,14 @@ def lowercase_reward(completions: list[str], **kwargs: Any) -> list[float]:
     return [sum(ch.islower() for ch in c) / MAX_COMPLETION for c in completions]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny_llama")
-    write_tiny_llama(folder)
-    return folder
-
-
 def config(out: Path, **overrides: Any) -> GFlowNetConfig:
     values: dict[str, Any] = {
+        **CPU_RUN,
         "output_dir": str(out),
-        "report_to": [],
-        "bf16": False,
-        "use_cpu": True,
-        "disable_tqdm": True,
-        "gradient_checkpointing": False,
         "per_device_train_batch_size": 8,
         "num_generations": 4,
-        "max_completion_length": MAX_COMPLETION,
-        "logging_steps": 1,
         "learning_rate": 3e-2,
         "lr_scheduler_type": "constant",
-        "save_strategy": "no",
         "loss": "raptb",
         "replay": "subm",
         "reward_scale": 10.0,
@@ -125,10 +112,7 @@ def test_replayed_rows_carry_their_stored_tokens_and_task_rewards(
     model_dir: Path, tmp_path: Path
 ) -> None:
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
-    tokenizer = build_char_tokenizer()
-    a, b, c, eos = (
-        tokenizer.convert_tokens_to_ids(t) for t in ("a", "b", "c", tokenizer.eos_token)
-    )
+    a, b, c, eos = abc_eos()
     # the second generation batch is new text, so any first-batch tokens in it were replayed
     completions = {
         "ab": [[a, a, eos], [b, eos], [c, c, eos], [c, eos]],
@@ -142,7 +126,13 @@ def test_replayed_rows_carry_their_stored_tokens_and_task_rewards(
 
     trainer = trainer_for(
         model_dir,
-        config(tmp_path, replay_fraction=1.0, replay_fraction_end=1.0, kappa=1.0),
+        config(
+            tmp_path,
+            replay_fraction=1.0,
+            replay_fraction_end=1.0,
+            kappa=1.0,
+            replay_scope="per_prompt",
+        ),
         reward_funcs=a_count_reward,
         rollout_func=fixed_rollout(completions),
         replay_similarity=similarity,
@@ -193,13 +183,7 @@ def test_with_peft_the_reference_is_the_base_model_with_the_adapter_disabled(
     trainer.train()
     trainer.model.train()
     batch = trainer._generate_and_score_completions([{"prompt": "ab"}] * 8)
-    rows = (
-        batch["prompt_ids"],
-        batch["prompt_mask"],
-        batch["completion_ids"],
-        batch["completion_mask"],
-        batch["gfn_length"],
-    )
+    rows = batch_rows(batch)
     base = LlamaForCausalLM.from_pretrained(model_dir).eval()
     with torch.no_grad():
         want = stop_log_prob(*prefix_log_probs(base, *rows, trainer.stop_ids), rows[-1])

@@ -12,6 +12,17 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 from raptb.adapters.models import build_char_tokenizer
 
 MAX_COMPLETION = 6
+CPU_RUN: dict[str, Any] = {
+    "report_to": [],
+    "bf16": False,
+    "use_cpu": True,
+    "disable_tqdm": True,
+    "gradient_checkpointing": False,
+    "max_completion_length": MAX_COMPLETION,
+    "logging_steps": 1,
+    "save_strategy": "no",
+}
+"""GFlowNetConfig fields of the CPU tests: float32, no trackers or checkpoints, logs every step."""
 
 
 def write_tiny_llama(folder: Path, seed: int = 0) -> PreTrainedTokenizerBase:
@@ -36,6 +47,20 @@ def write_tiny_llama(folder: Path, seed: int = 0) -> PreTrainedTokenizerBase:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return tokenizer
+
+
+def abc_eos() -> tuple[int, int, int, int]:
+    """The character tokenizer's ids of "a", "b", "c" and its EOS token."""
+    tokenizer = build_char_tokenizer()
+    a, b, c = (tokenizer.convert_tokens_to_ids(t) for t in "abc")
+    return a, b, c, tokenizer.eos_token_id
+
+
+def batch_rows(batch: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+    """A trainer batch's (prompt_ids, prompt_mask, completion_ids, completion_mask, length), the
+    arguments of ``prefix_log_probs``."""
+    keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "gfn_length")
+    return tuple(batch[k] for k in keys)
 
 
 def a_count_reward(completions: list[str], **kwargs: Any) -> list[float]:

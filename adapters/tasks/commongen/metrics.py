@@ -9,9 +9,14 @@ samples, ``core/metrics/termination.py``), Coverage (fraction of samples that ar
 every concept) and Validity (valid fraction). The summary is the plain mean of each metric over the
 sets.
 
-BLEU is sacrebleu's (case-sensitive, closest reference length, no smoothing) with its ``13a``
-tokenisation. The official CommonGen evaluation runs coco-caption's BLEU-4 on spaCy's English
-tokens; spaCy needs a model download, and on this task's alphabet (letters, spaces and
+BLEU is sacrebleu's corpus BLEU-4 (case-sensitive, closest reference length, shorter on ties) with
+no smoothing (``smooth_method="none"``) and its ``13a`` tokenisation. The official CommonGen
+evaluation runs coco-caption's ``Bleu(4)`` (pycocoevalcap), which is unsmoothed too: a set whose
+sentences share no 4-gram with the references scores 0 (coco's epsilons leave under 0.02 BLEU
+there), where sacrebleu's default exponential smoothing would give it several points. On the same
+tokens the two are the same formula (``tests/adapters/test_commongen_bleu.py`` holds ours to a
+transcription of coco's scorer). Tokens differ: coco-caption's input is spaCy's English tokens;
+spaCy needs a model download, and on this task's alphabet (letters, spaces and
 ``,;:'"!?.-()``) 13a splits the same punctuation off the words (the final period, commas,
 brackets, quotes) and differs where spaCy splits clitics and hyphenated words ("boy's" -> "boy
 's", "don't" -> "do n't", "ice-cream" -> "ice - cream"), which 13a keeps whole.
@@ -45,12 +50,13 @@ class SetSamples:
 
 
 def corpus_bleu(sentences: Sequence[str], references: Sequence[str]) -> float:
-    """sacrebleu corpus BLEU-4 (0..100, 13a tokens) of ``sentences``, each against all of
-    ``references``."""
+    """Unsmoothed corpus BLEU-4 (0..100, 13a tokens; module docstring) of ``sentences``, each
+    against all of ``references``."""
     if not sentences or not references:
         return 0.0
     streams = [[reference] * len(sentences) for reference in references]
-    return float(BLEU(tokenize="13a").corpus_score(list(sentences), streams).score)
+    bleu = BLEU(tokenize="13a", smooth_method="none")
+    return float(bleu.corpus_score(list(sentences), streams).score)
 
 
 def set_metrics(task: CommonGenTask, samples: SetSamples) -> dict[str, float]:

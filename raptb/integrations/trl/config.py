@@ -24,6 +24,7 @@ from raptb.core.gfn.objectives import (
     objective_hyperparameters,
 )
 from raptb.core.schedules import LinearSchedule
+from raptb.integrations.trl.replay import REPLAY_SCOPES
 
 REPLAY_KINDS = ("none", "rp", "prt", "subm")
 SUBM_SHINGLES = ("text", "words")
@@ -56,9 +57,13 @@ class GFlowNetConfig(GRPOConfig):
     r"""
     Configuration class for [`GFlowNetTrainer`]: [`~trl.GRPOConfig`] plus raptb's GFlowNet
     objective, reward and replay parameters. TRL's `beta` (KL weight), the advantage and clipping
-    fields (`scale_rewards`, `loss_type`, `epsilon`, `epsilon_high`, `delta`, `num_iterations`,
+    fields (`scale_rewards`, `loss_type`, `epsilon`, `epsilon_high`, `delta`,
     `importance_sampling_level`, `top_entropy_quantile`, `entropy_coef`, `off_policy_mask_threshold`
     and the `vllm_importance_sampling_*` fields) are not used by the GFlowNet loss.
+    `num_iterations` is TRL's: each generation batch is trained on that many times (the later
+    passes off-policy, which the GFlowNet objectives allow). With `loss="subtb"` or `"vargrad"`
+    the learned logZ is not used (SubTB's cancels, VarGrad estimates it from the batch), so
+    `log_z_init` and `log_z_lr` have no effect.
 
     Parameters:
     """
@@ -126,12 +131,20 @@ class GFlowNetConfig(GRPOConfig):
     )
     replay: str = _help(
         "none",
-        "Replay buffer, kept per prompt: 'none', 'rp' (reward-prioritised), 'prt' (two-tier "
+        "Replay buffer, one store per prompt: 'none', 'rp' (reward-prioritised), 'prt' (two-tier "
         "prioritised) or 'subm' (submodular: reward, validity, diversity, length).",
+    )
+    replay_scope: str = _help(
+        "across_prompts",
+        "Which stored items a replaced row may take. 'across_prompts': an item of any stored "
+        "prompt, trained under its own prompt (the row's prompt is replaced too), so replay fires "
+        "on a dataset whose prompts are each seen once (TRL's usual single pass). 'per_prompt': "
+        "only items of the row's own prompt, so replay fires only when a prompt comes back "
+        "(several epochs or repeated prompts).",
     )
     replay_fraction: float = _help(
         0.5,
-        "Fraction of each generation batch replaced by buffer items of the same prompts, at the "
+        "Fraction of each generation batch replaced by buffer items (see `replay_scope`), at the "
         "start of training.",
     )
     replay_fraction_end: float | None = _help(
@@ -187,6 +200,10 @@ class GFlowNetConfig(GRPOConfig):
             raise ValueError(f"loss: must be one of {', '.join(OBJECTIVES)}, got {self.loss!r}")
         if self.replay not in REPLAY_KINDS:
             raise ValueError(f"replay: must be one of {REPLAY_KINDS}, got {self.replay!r}")
+        if self.replay_scope not in REPLAY_SCOPES:
+            raise ValueError(
+                f"replay_scope: must be one of {REPLAY_SCOPES}, got {self.replay_scope!r}"
+            )
         if self.subm_shingles not in SUBM_SHINGLES:
             raise ValueError(
                 f"subm_shingles: must be one of {SUBM_SHINGLES}, got {self.subm_shingles!r}"

@@ -4,7 +4,8 @@ Generation, reward functions, vLLM, chat templates, multi-GPU, logging and check
 What changes (``versions.OVERRIDDEN_TRL_INTERNALS`` lists the TRL methods involved):
 
 - after TRL has generated and scored a generation batch, a fraction of its rows is replaced by
-  replay items (``replay``), and every row gets raptb's prefix layout: tau, the task rewards
+  replay items with their prompts (``replay``; of any stored prompt, or of the row's own with
+  ``replay_scope="per_prompt"``), and every row gets raptb's prefix layout: tau, the task rewards
   u_k = reward_scale * S_k / T_R (S_tau the summed TRL reward of the completion, S_k for k < tau
   from the optional ``prefix_reward_func``, else 0) and the log-rewards
   log_r_k = kappa log P_ref(prefix_k + stop) / T_R + u_k, log P_ref from the reference model TRL
@@ -17,6 +18,7 @@ What changes (``versions.OVERRIDDEN_TRL_INTERNALS`` lists the TRL methods involv
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -24,27 +26,39 @@ import numpy as np
 import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
-from trl.data_utils import is_conversational
 from trl.trainer.utils import use_adapter
 
 from raptb.core.gfn.batch import PrefixBatch
 from raptb.core.gfn.objectives import Objective
-from raptb.core.replay import ReplayBuffer, ReplayItem, make_buffer
+from raptb.core.replay import ReplayBuffer, make_buffer
+from raptb.integrations.trl.checkpoint_state import load_gflownet_state, save_gflownet_state
+from raptb.integrations.trl.completions_table import log_completions, record_trained_rows
 from raptb.integrations.trl.config import GFlowNetConfig
+from raptb.integrations.trl.model_card import PAPER, method_name
 from raptb.integrations.trl.prefix_log_probs import (
     prefix_log_probs,
     stop_log_prob,
     trajectory_lengths,
 )
-from raptb.integrations.trl.replay import ReplayDraw, draw_replay, splice_completions, stored_u
+from raptb.integrations.trl.prefix_rewards import (
+    PrefixLogs,
+    PrefixRewardFunc,
+    flush_prefix_logs,
+    prefix_scores,
+)
+from raptb.integrations.trl.replay import (
+    ReplayDraw,
+    draw_replay,
+    replay_items,
+    replay_never_fires,
+    splice_completions,
+    splice_prompts,
+    stored_u,
+)
+from raptb.integrations.trl.rewards import check_finite_rewards, summed_rewards
 
-PrefixRewardFunc = Callable[..., Sequence[float]]
-"""TRL's reward-function signature, ``f(prompts=..., completions=..., **columns) -> rewards``,
-called on (prompt, prefix of a completion) pairs."""
 SimilarityFunc = Callable[[Sequence[str], Sequence[str]], Any]
 """``f(texts_a, texts_b) -> [len(a), len(b)]`` similarities in [0, 1], symmetric."""
-STATE_FILE = "gflownet_state_{rank}.pt"
-"""The per-process file a checkpoint folder gets: logZ, the replay buffer, the replay sampler."""
 
 
 class CallableSimilarity:
@@ -70,6 +84,7 @@ class GFlowNetTrainer(GRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "raptb", "gflownet"]
     _name = "GFlowNet"
+    _paper: ClassVar[dict[str, Any]] = PAPER
 
     def __init__(
         self,
@@ -102,6 +117,7 @@ class GFlowNetTrainer(GRPOTrainer):
         if self._is_vlm:
             raise ValueError("GFlowNetTrainer: vision-language models are not supported")
         self.gfn_args = config
+        self._name = method_name(config.loss, config.replay)  # what TRL's model card credits
         self.stop_ids = list(dict.fromkeys(int(i) for i in self.eos_token_ids))
         self.prefix_reward_func = prefix_reward_func
         self.log_z = torch.nn.Parameter(
@@ -111,6 +127,9 @@ class GFlowNetTrainer(GRPOTrainer):
             # logZ lives outside the wrapped model, so its gradient is averaged here
             self.log_z.register_post_accumulate_grad_hook(_average_over_processes)
         self.buffer = self._build_buffer(replay_similarity)
+        # the prompt token ids each stored prompt was generated with (its replay key is its text)
+        self.replay_prompt_ids: dict[str, tuple[int, ...]] = {}
+        self._warn_if_replay_never_fires()
         self.replay_rng = np.random.default_rng([config.seed, self.accelerator.process_index])
         self._objective: tuple[int, Objective] | None = None
         self._completion_rewards: torch.Tensor | None = None
@@ -126,6 +145,16 @@ class GFlowNetTrainer(GRPOTrainer):
             kwargs["similarity"] = CallableSimilarity(similarity)
             kwargs["shingle_on"] = "text"
         return make_buffer(kind, **kwargs)
+
+    def _warn_if_replay_never_fires(self) -> None:
+        if self.buffer is None:
+            return
+        reason = replay_never_fires(
+            self.gfn_args, self.train_dataset, self.num_generations, self.num_iterations
+        )
+        if reason is not None:
+            replay = self.gfn_args.replay
+            warnings.warn(f"GFlowNetTrainer: replay={replay!r} {reason}", stacklevel=3)
 
     def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
         optimizer = super().create_optimizer(model)
@@ -148,11 +177,14 @@ class GFlowNetTrainer(GRPOTrainer):
         rewards_per_func = super()._calculate_rewards(
             inputs, prompts, completions, completion_ids_list
         )
-        # as TRL sums them for its logs; a completion no function scores counts as reward 0
-        weights = self.reward_weights.to(rewards_per_func.device)
-        summed = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
+        # TRL's sum (NaN: unscorable, rewards module); every process checks the whole batch
+        summed = summed_rewards(rewards_per_func, self.reward_weights)
         start = self.accelerator.process_index * len(prompts)
-        self._completion_rewards = summed[start : start + len(prompts)]
+        local = slice(start, start + len(prompts))
+        check_finite_rewards(
+            rewards_per_func, summed, self.reward_func_names, local, prompts, completions
+        )
+        self._completion_rewards = summed[local]
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
@@ -171,7 +203,16 @@ class GFlowNetTrainer(GRPOTrainer):
             fraction = self.gfn_args.replay_fraction_at(
                 self.state.global_step, self.state.max_steps
             )
-            draw = draw_replay(self.buffer, keys, fraction, self.replay_rng)
+            draw = draw_replay(
+                self.buffer, keys, fraction, self.replay_rng, self.gfn_args.replay_scope
+            )
+            prompt_ids, prompt_mask = splice_prompts(
+                prompt_ids,
+                prompt_mask,
+                draw,
+                [self._stored_prompt_ids(item.prompt) for item in draw.items],
+                pad_id=self._tokenizer.pad_token_id,
+            )
         completion_ids, completion_mask = splice_completions(
             output["completion_ids"],
             output["completion_mask"],
@@ -186,18 +227,29 @@ class GFlowNetTrainer(GRPOTrainer):
         ]
         texts = self._tokenizer.batch_decode(rows, skip_special_tokens=True)
         width = completion_ids.shape[1] + 1
-        u = stored_u(draw, self._task_rewards(inputs, rows, rewards, width))
+        replayed = set(draw.rows)
+        unscorable = np.isnan(rewards)
+        scored = [b for b in range(len(rows)) if b not in replayed and not unscorable[b]]
+        u = stored_u(draw, self._task_rewards(inputs, rows, rewards, width, scored))
         log_r = torch.as_tensor(u, dtype=torch.float32, device=completion_ids.device)
         if self.gfn_args.kappa > 0:
             prior = self._reference_log_prob(
                 prompt_ids, prompt_mask, completion_ids, completion_mask, length
             )
             log_r = log_r + self.gfn_args.kappa * prior / self.gfn_args.reward_temperature
+        if self.log_completions:
+            batch = (prompt_ids, prompt_mask, completion_ids, completion_mask, length)
+            self._record_trained_rows(draw, keys, texts, rewards, log_r, batch)
+        mode_metrics = self._metrics["train" if training else "eval"]
+        mode_metrics["gflownet/unscorable_fraction"].append(float(unscorable.mean()))
         if training and self.buffer is not None:
-            replayed = set(draw.rows)
-            kept = [b for b in range(len(rows)) if b not in replayed]
-            self.buffer.add(self._replay_items(kept, keys, rows, texts, rewards, u, log_r))
-            mode_metrics = self._metrics["train"]
+            kept = scored  # generated, kept and scorable: an unscorable row is never stored
+            for b in kept:
+                ids = prompt_ids[b][prompt_mask[b].bool()]
+                self.replay_prompt_ids[keys[b]] = tuple(ids.tolist())
+            threshold = self.gfn_args.replay_valid_min_reward
+            generated = (keys, rows, texts, rewards)
+            self.buffer.add(replay_items(kept, generated, u, log_r, threshold))
             mode_metrics["gflownet/replayed_fraction"].append(len(draw.rows) / len(rows))
             mode_metrics["gflownet/buffer_size"].append(float(len(self.buffer)))
         return {
@@ -208,7 +260,52 @@ class GFlowNetTrainer(GRPOTrainer):
             "gfn_length": length,
             "gfn_u": torch.as_tensor(u, dtype=torch.float32, device=completion_ids.device),
             "gfn_log_r": log_r,
+            # the rows the loss trains on: replayed, or generated and scorable
+            "gfn_scorable": torch.as_tensor(
+                [b in replayed or not unscorable[b] for b in range(len(rows))],
+                device=completion_ids.device,
+            ),
         }
+
+    @torch.no_grad()
+    def _record_trained_rows(
+        self,
+        draw: ReplayDraw,
+        keys: list[str],
+        texts: list[str],
+        rewards: np.ndarray,
+        log_r: torch.Tensor,
+        batch: tuple[torch.Tensor, ...],
+    ) -> None:
+        """The completions table's rows (completions_table): what the loss trains on."""
+        at_stop = batch[-1][:, None]
+        log_pi = stop_log_prob(*prefix_log_probs(self.model, *batch, self.stop_ids), batch[-1])
+        record_trained_rows(
+            self._logs,
+            self.args.generation_batch_size,
+            draw,
+            (keys, texts, rewards),
+            log_r.gather(1, at_stop)[:, 0].tolist(),
+            log_pi.gather(1, at_stop)[:, 0].tolist(),
+        )
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        wanted = self.log_completions
+        self.log_completions = False  # TRL's table would show GRPO's advantage
+        try:
+            super().log(logs, start_time)
+        finally:
+            self.log_completions = wanted
+        if wanted and self.accelerator.is_main_process:
+            log_completions(self)
+
+    def _stored_prompt_ids(self, key: str) -> tuple[int, ...]:
+        """The token ids of stored prompt ``key``; a buffer restored from a checkpoint written
+        before they were kept re-tokenises its text."""
+        ids = self.replay_prompt_ids.get(key)
+        if ids is None:
+            ids = tuple(self._tokenizer.encode(key, add_special_tokens=False))
+        return ids
 
     def _task_rewards(
         self,
@@ -216,32 +313,20 @@ class GFlowNetTrainer(GRPOTrainer):
         rows: list[tuple[int, ...]],
         rewards: np.ndarray,
         width: int,
+        scored: list[int],
     ) -> np.ndarray:
-        """u [B, width] (float64): reward_scale * S_k / T_R at every prefix k <= tau, 0 after."""
+        """u [B, width] (float64): reward_scale * S_k / T_R at every prefix k <= tau of the
+        ``scored`` rows, 0 elsewhere (replayed rows take their stored u, unscorable ones none)."""
         scores = np.zeros((len(rows), width))
-        scores[np.arange(len(rows)), [len(r) for r in rows]] = rewards
+        scores[scored, [len(rows[b]) for b in scored]] = rewards[scored]
         if self.prefix_reward_func is not None:
-            pairs = [(b, k) for b, r in enumerate(rows) for k in range(len(r))]
+            logs = PrefixLogs()
+            pairs, prefix = prefix_scores(
+                self.prefix_reward_func, self._tokenizer, inputs, rows, scored, self.state, logs
+            )
+            flush_prefix_logs(self, logs, pairs, len(rows))
             if pairs:
-                texts = self._tokenizer.batch_decode(
-                    [rows[b][:k] for b, k in pairs], skip_special_tokens=True
-                )
-                prompts = [inputs[b]["prompt"] for b, _ in pairs]
-                if is_conversational({"prompt": prompts[0]}):
-                    texts = [[{"role": "assistant", "content": t}] for t in texts]
-                columns = {
-                    key: [inputs[b][key] for b, _ in pairs]
-                    for key in inputs[0]
-                    if key not in ("prompt", "completion", "completion_ids")
-                }
-                values = self.prefix_reward_func(prompts=prompts, completions=texts, **columns)
-                prefix = np.array([np.nan if v is None else float(v) for v in values])
-                if prefix.shape != (len(pairs),) or not np.all(np.isfinite(prefix)):
-                    raise ValueError(
-                        f"prefix_reward_func: expected {len(pairs)} finite rewards, got {values!r}"
-                    )
-                index = tuple(np.array(pairs).T)
-                scores[index] = prefix
+                scores[tuple(np.array(pairs).T)] = prefix
         return self.gfn_args.reward_scale * scores / self.gfn_args.reward_temperature
 
     @torch.no_grad()
@@ -263,31 +348,6 @@ class GFlowNetTrainer(GRPOTrainer):
                 ref_pf, ref_pterm = prefix_log_probs(self.model, *batch)
         return stop_log_prob(ref_pf, ref_pterm, length)
 
-    def _replay_items(
-        self,
-        kept: list[int],
-        keys: list[str],
-        rows: list[tuple[int, ...]],
-        texts: list[str],
-        rewards: np.ndarray,
-        u: np.ndarray,
-        log_r: torch.Tensor,
-    ) -> list[ReplayItem]:
-        threshold = self.gfn_args.replay_valid_min_reward
-        log_r_host = log_r.double().cpu().numpy()
-        return [
-            ReplayItem(
-                prompt=keys[b],
-                tokens=rows[b],
-                text=texts[b],
-                log_r=log_r_host[b, : len(rows[b]) + 1],
-                u=u[b, : len(rows[b]) + 1],
-                valid=threshold is None or bool(rewards[b] >= threshold),
-                score=float(rewards[b]),
-            )
-            for b in kept
-        ]
-
     # --- loss ----------------------------------------------------------------------------------
 
     def _compute_loss(self, model, inputs):
@@ -302,9 +362,22 @@ class GFlowNetTrainer(GRPOTrainer):
                 length,
                 self.stop_ids,
             )
-        batch = PrefixBatch(log_pf, log_pterm, inputs["gfn_log_r"], inputs["gfn_u"], length)
+        keep = inputs["gfn_scorable"]
+        if not bool(keep.any()):
+            # nothing to train on (every row unscorable): a zero that keeps the graph whole
+            return (log_pf.sum() + log_pterm.sum() + self.log_z) * 0.0
+        fields = (log_pf, log_pterm, inputs["gfn_log_r"], inputs["gfn_u"], length)
+        if not bool(keep.all()):
+            fields = tuple(f[keep] for f in fields)
+        batch = PrefixBatch(*fields)
         loss, diagnostics = self.objective()(batch, self.log_z, self.state.global_step)
         mode = "train" if self.model.training else "eval"
+        objective = self.objective()
+        if not objective.learns_log_z:
+            # the learned logZ is idle (SubTB's cancels); VarGrad's is the batch's estimate
+            idle = diagnostics.pop("log_z")
+            if objective.name == "vargrad":
+                diagnostics["log_z_estimate"] = idle
         for key, value in diagnostics.items():
             self._metrics[mode][f"gflownet/{key}"].append(value)
         if mode == "train":
@@ -318,27 +391,12 @@ class GFlowNetTrainer(GRPOTrainer):
         folder = os.path.join(
             self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         )
-        state = {
-            "log_z": self.log_z.detach().cpu().clone(),
-            "buffer": None if self.buffer is None else self.buffer.state_dict(),
-            "replay_rng": self.replay_rng.bit_generator.state,
-        }
-        torch.save(
-            state, os.path.join(folder, STATE_FILE.format(rank=self.accelerator.process_index))
-        )
+        save_gflownet_state(self, folder)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None:
-            return
-        path = os.path.join(checkpoint, STATE_FILE.format(rank=self.accelerator.process_index))
-        # our own file, written by _save_checkpoint: numpy arrays and plain values
-        state = torch.load(path, weights_only=False)
-        with torch.no_grad():
-            self.log_z.copy_(state["log_z"])
-        if self.buffer is not None and state["buffer"] is not None:
-            self.buffer.load_state_dict(state["buffer"])
-        self.replay_rng.bit_generator.state = state["replay_rng"]
+        if checkpoint is not None:
+            load_gflownet_state(self, checkpoint)
 
 
 def _average_over_processes(param: torch.Tensor) -> None:

@@ -13,20 +13,27 @@ from importlib.metadata import PackageNotFoundError, version
 from packaging.version import Version
 
 TESTED_TRL = (Version("1.16"), Version("1.17"))
-"""[low, high): the TRL releases the tests pass with (the ``trl`` extra pins the same range)."""
+"""[low, high): the TRL releases the tests pass with (the ``trl`` extra pins the same range);
+development and pre-release builds of a release outside it are refused too."""
 
 TRL_VERSION_READ = "1.16.0"
 """The TRL release whose source the overridden internals were read from."""
 
 OVERRIDDEN_TRL_INTERNALS = (
     "GRPOTrainer._generate_and_score_completions (wrapped: replay splice, rewards, reference)",
-    "GRPOTrainer._calculate_rewards (wrapped: keeps the summed reward of each completion)",
+    "GRPOTrainer._calculate_rewards (wrapped: keeps the summed reward of each completion, NaN "
+    "when unscorable as TRL marks it, and refuses an infinite one)",
     "GRPOTrainer._compute_loss (replaced: the GFlowNet objective)",
     "GRPOTrainer._save_checkpoint (extended: logZ, replay buffer and sampler state)",
     "GRPOTrainer._load_optimizer_and_scheduler (extended: restores them on resume)",
     "Trainer.create_optimizer (extended: logZ's own parameter group)",
+    "GRPOTrainer.log (wrapped: the completions table written by completions_table, its "
+    "._logs rows rewritten after generation; reads .log_completions, .num_completions_to_print, "
+    ".log_unique_prompts)",
+    "GRPOTrainer._name, ._paper (replaced: what create_model_card credits and cites)",
     "Trainer._get_output_dir (called: the checkpoint folder)",
-    "GRPOTrainer.eos_token_ids, .ref_model, .reward_weights, .max_completion_length, ._metrics, "
+    "GRPOTrainer.eos_token_ids, .ref_model, .reward_weights, .reward_func_names, "
+    ".max_completion_length, ._metrics, "
     "._tokenizer, ._is_vlm, .beta, and Trainer.current_gradient_accumulation_steps (read; .beta "
     "set to 0 after construction)",
     "trl.trainer.utils.use_adapter (called: the PEFT reference)",
@@ -41,7 +48,10 @@ def check_trl_version() -> str:
     except PackageNotFoundError:
         raise ImportError("raptb.integrations.trl needs TRL: pip install 'raptb[trl]'") from None
     low, high = TESTED_TRL
-    if not low <= Version(installed) < high:
+    found = Version(installed)
+    # a development or pre-release build counts as the release it leads to (1.17.0.dev0 is a TRL
+    # after 1.16, though it sorts below 1.17); one before ``low`` (1.16.0rc1) sorts below it
+    if not (low <= found and Version(found.base_version) < high):
         raise ImportError(
             f"raptb.integrations.trl is tested with trl>={low},<{high}, found trl {installed}: "
             f"pip install 'raptb[trl]'"
