@@ -89,6 +89,21 @@ def _scalar(value: Any) -> bool:
     return value is None or isinstance(value, int | float | str | bool)
 
 
+def _wait(ctx: StageContext, process: subprocess.Popen[bytes], keep_s: float) -> int | None:
+    """``process``'s exit code; when it runs into the last ``keep_s`` seconds of the stage, a
+    SIGTERM (a training run checkpoints and exits 143), then SIGKILL 15 s later (None)."""
+    try:
+        return process.wait(timeout=max(ctx.seconds_left() - keep_s, 1.0))
+    except subprocess.TimeoutExpired:
+        process.terminate()
+    try:
+        return process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        return None
+
+
 def train_side_by_side(ctx: StageContext, cells: list[Cell]) -> list[dict[str, Any]]:
     """``cells`` trained at once under one time limit, then evaluated exactly, at once."""
     reserve = EVAL_RESERVE_S / (10 if ctx.dry_run else 1)
@@ -113,7 +128,7 @@ def train_side_by_side(ctx: StageContext, cells: list[Cell]) -> list[dict[str, A
         )
         for cell, run in runs.items()
     }
-    codes = {cell: p.wait() for cell, p in trainings.items()}
+    codes = {cell: _wait(ctx, p, reserve / 2) for cell, p in trainings.items()}
     how = ["--samples", "32"] if ctx.dry_run else ["--exact"]
     evals = {
         cell: subprocess.Popen(
@@ -122,7 +137,7 @@ def train_side_by_side(ctx: StageContext, cells: list[Cell]) -> list[dict[str, A
         for cell, run in runs.items()
         if codes[cell] == 0
     }
-    eval_codes = {cell: p.wait() for cell, p in evals.items()}
+    eval_codes = {cell: _wait(ctx, p, 5.0) for cell, p in evals.items()}
     for cell, log in logs.items():
         log.close()
         print(f"--- {cell.name()}\n{(ctx.work / f'{cell.name()}.log').read_text()[-3000:]}")
