@@ -47,7 +47,9 @@ def _free() -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def _measure(ctx: StageContext, shape: str, batch: int, checkpointing: bool) -> dict[str, Any]:
+def _measure(
+    ctx: StageContext, shape: str, batch: int, checkpointing: bool, plan_shape: str
+) -> dict[str, Any]:
     """One setting's step split (train_step.measure_steps), or its out-of-memory error."""
     import torch
     from stages_speed import _device, _now, _steps, _trainer
@@ -64,6 +66,7 @@ def _measure(ctx: StageContext, shape: str, batch: int, checkpointing: bool) -> 
         "device": _device(),
         "date": _now(),
         "shape": shape,
+        "plan_shape": plan_shape,
         "rows": rows,
         "micro_batch": batch,
         "checkpointing": checkpointing,
@@ -81,17 +84,17 @@ def _measure(ctx: StageContext, shape: str, batch: int, checkpointing: bool) -> 
         _free()
 
 
-def _scale(ctx: StageContext, shape: str) -> dict[str, Any]:
+def _scale(ctx: StageContext, plan_shape: str) -> dict[str, Any]:
     _use_random_models(ctx)
-    shape = ctx.shape(shape)
+    shape = ctx.shape(plan_shape)
     batches = (8, 4) if ctx.dry_run else MICRO_BATCHES
     middle = batches[-3] if not ctx.dry_run else batches[-1]
-    records = [_measure(ctx, shape, middle, checkpointing) for checkpointing in (False, True)]
+    records = [_measure(ctx, shape, middle, on, plan_shape) for on in (False, True)]
     largest = None
     for batch in batches:  # largest first: the first that fits is the answer
         if ctx.seconds_left() < 30 and not ctx.dry_run:
             break
-        record = _measure(ctx, shape, batch, True)
+        record = _measure(ctx, shape, batch, True, plan_shape)
         records.append(record)
         if record["ok"]:
             largest = batch

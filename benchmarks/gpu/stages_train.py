@@ -141,7 +141,9 @@ def train_side_by_side(ctx: StageContext, cells: list[Cell]) -> list[dict[str, A
     for cell, log in logs.items():
         log.close()
         print(f"--- {cell.name()}\n{(ctx.work / f'{cell.name()}.log').read_text()[-3000:]}")
-    return [_row(runs[c], c, codes[c], eval_codes.get(c)) for c in cells]
+    rows = [_row(runs[c], c, codes[c], eval_codes.get(c)) for c in cells]
+    model = _flags(ctx, cells[0])[3]
+    return [row | {"model": model, "dry_run": ctx.dry_run} for row in rows]
 
 
 def errors(rows: list[dict[str, Any]]) -> list[str]:
