@@ -6,10 +6,10 @@ Usage (from the repository root; on a GPU slot through ``run_plan.sh``):
         [--stages decode_1b,headline_pair] [--work DIR]
 
 Stages run in the order of ``plans.PLANS[plan]``. Each gets ``min(stage.limit_s, time left -
-RESERVE_S)`` seconds (``--dry-run``: the same, at tiny shapes on the CPU) and is killed (its
-process group) when it runs over; a stage that fails or times out records its error and the next
-one runs; one whose ``min_s`` no longer fits is recorded as skipped. After every stage the driver
-rewrites, in ``--out`` (at most 8 files):
+RESERVE_S)`` seconds (``--dry-run``: tiny shapes on the CPU, at least ``DRY_LIMIT_S``) and is
+killed (its process group) when it runs over; a stage that fails or times out records its error
+and the next one runs; one whose ``min_s`` no longer fits is recorded as skipped. After every
+stage the driver rewrites, in ``--out`` (at most 8 files):
 
 - ``plan_PLAN.json``: the plan, its date and commit and, per stage, ``status`` (ok, failed,
   timed_out, skipped), ``seconds``, ``error`` and the stage's ``result`` (a stage whose result
@@ -42,6 +42,8 @@ HERE = Path(__file__).resolve().parent
 RESERVE_S = 10.0
 """Seconds kept back from the deadline for writing the results."""
 MAX_FILES = 8
+DRY_LIMIT_S = 180.0
+"""A dry run's least limit per stage (a shared CPU at tiny shapes is slower than a GPU)."""
 ERROR_TAIL = 2000
 
 
@@ -128,7 +130,8 @@ def run_plan(
         if left < stage.min_s:
             outcome = {"status": "skipped", "seconds": 0.0, "error": f"{left:.0f} s left"}
         else:
-            outcome = run_stage(stage, min(stage.limit_s, left), work, dry_run)
+            limit = max(stage.limit_s, DRY_LIMIT_S) if dry_run else stage.limit_s
+            outcome = run_stage(stage, min(limit, left), work, dry_run)
         if outcome.get("result"):
             add_records(out, outcome["result"].pop("files", {}))
         summary["stages"][stage.name] = outcome
