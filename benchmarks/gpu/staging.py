@@ -98,7 +98,10 @@ def download(names: tuple[str, ...], dest: Path) -> list[dict[str, Any]]:
 def build_raptb_wheel(dest: Path) -> Path:
     """raptb's wheel from this checkout (setuptools >= 77 here; the GPU image builds nothing)."""
     pip = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "."]
+    had_build = Path("build").exists()
     subprocess.run([*pip, "-w", str(dest)], check=True)
+    if not had_build:
+        shutil.rmtree("build", ignore_errors=True)  # setuptools' scratch folder
     return next(dest.glob("raptb-*.whl"))
 
 
