@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import xgrammar as xgr
 
 from raptb.adapters.grammar import compile_grammar
 from raptb.adapters.policy import HFPolicy
@@ -118,6 +117,8 @@ def _build_trie(policy: HFPolicy, texts: Sequence[str], max_length: int) -> _Tri
             by_text.setdefault(token_text, []).append(sub)
     longest = max(len(t) for t in by_text)
     children = _char_children(texts)
+    import xgrammar as xgr  # at use: the CLI's start does not import it
+
     matcher = None
     if policy.grammar is not None:
         matcher = xgr.GrammarMatcher(compile_grammar(tuple(policy.texts), policy.grammar))

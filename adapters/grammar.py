@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
-import xgrammar as xgr
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
 
 # The stop token's text in the sub-vocabulary: xgrammar treats stop ids separately from text, and
 # an empty text can never match grammar content.
@@ -39,6 +42,8 @@ def compile_grammar(texts: tuple[str, ...], grammar: str) -> xgr.CompiledGrammar
     """
     if not texts:
         raise ValueError("legal_ids: the legal sub-vocabulary is empty")
+    import xgrammar as xgr  # at the first grammar: a task lookup or the CLI does not import it
+
     info = xgr.TokenizerInfo([*texts, _STOP_TEXT], xgr.VocabType.RAW, stop_token_ids=[len(texts)])
     try:
         return xgr.GrammarCompiler(info, max_threads=1).compile_grammar(grammar)
@@ -85,6 +90,8 @@ class GrammarBatch:
         self.num_legal = len(self.legal_ids)
         self._sub_id = {full: sub for sub, full in enumerate(self.legal_ids)}
         compiled = compile_grammar(tuple(texts), grammar)
+        import xgrammar as xgr
+
         self._matchers = [xgr.GrammarMatcher(compiled) for _ in range(batch_size)]
         self._batch = xgr.BatchGrammarMatcher(max_threads)
         # all bits set, as xgrammar allocates it: a row never filled allows everything
@@ -162,4 +169,4 @@ class GrammarBatch:
         if any(s < 0 for s in subs):
             raise ValueError("token_ids: every token must be in legal_ids")
         self._stale = True
-        return xgr.BatchGrammarMatcher.batch_accept_token([self._matchers[r] for r in rows], subs)
+        return type(self._batch).batch_accept_token([self._matchers[r] for r in rows], subs)

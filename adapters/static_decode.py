@@ -26,7 +26,8 @@ LoRA stays unmerged (never peft's in-place merge): the graphs read the adapter t
 optimizer updates them in place, so every update is seen. Weights replaced by new tensors (moved
 to another device or dtype) change the first parameter's storage, which rebuilds the decoders.
 The model is in eval mode while sampling (adapter dropout off). The CUDA graphs have not yet run
-on a GPU; where capturing fails the same steps run without graphs (a warning says so).
+on a GPU; where capturing fails the same steps run without graphs (a warning says so, and
+``StaticDecoders.graph_summary`` counts it, for benchmark records).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from transformers import StaticCache
@@ -137,6 +138,7 @@ class StaticDecoder:
         self.moved_ready = torch.cuda.Event() if self.cuda else None
         self.graphs: tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph] | None = None
         self.graphs_failed = False
+        self.capture_error: str | None = None
         self.rollouts = 0
 
     def start(
@@ -260,6 +262,7 @@ class StaticDecoder:
             self.graphs = (sample, forward)
         except RuntimeError as exc:
             self.graphs_failed = True
+            self.capture_error = f"{type(exc).__name__}: {exc}"
             _log.warning("static decode: CUDA graph capture failed (%s); stepping without", exc)
 
     def sample(self) -> None:
@@ -332,6 +335,18 @@ class StaticDecoders:
                 self._decoders.popitem(last=False)
         self._decoders.move_to_end(key)
         return self._decoders[key]
+
+    def graph_summary(self) -> dict[str, Any]:
+        """Of the decoders kept: how many there are, how many run as captured CUDA graphs, how
+        many failed to capture, and the first failure's error (for benchmark records)."""
+        decoders = list(self._decoders.values())
+        errors = [d.capture_error for d in decoders if d.capture_error is not None]
+        return {
+            "decoders": len(decoders),
+            "captured": sum(d.graphs is not None for d in decoders),
+            "failed": sum(d.graphs_failed for d in decoders),
+            "error": errors[0] if errors else None,
+        }
 
 
 @torch.no_grad()

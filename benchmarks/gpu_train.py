@@ -12,9 +12,10 @@ run directory holds the usual ``config.toml``, ``metrics.jsonl`` and checkpoints
 also reads what the CLI cannot report: wall time, optimizer steps per second and
 ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` (peak of this process). With
 ``--time-limit S`` the run stops after the optimizer step in progress once S seconds have passed
-(as a first Ctrl-C would: checkpoint, then stop), so that a run fits a fixed time budget; the
-summary says how many steps were done. Then ``raptb eval``'s ``evaluate`` samples
-``--eval-samples`` texts from the last checkpoint. Everything goes to ``OUT/summary.json``.
+since the trainer was built (``raptb train --time-limit``: checkpoint, then stop), so that a run
+fits a fixed time budget; the summary says how many steps were done. Then ``raptb eval``'s
+``evaluate`` samples ``--eval-samples`` texts from the last checkpoint. Everything goes to
+``OUT/summary.json``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import argparse
 import datetime
 import json
 import platform
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -84,6 +84,8 @@ def main() -> None:
         "seed": args.seed,
         "checkpoint_every": args.steps,
     }
+    if args.time_limit is not None:
+        overrides["time_limit"] = args.time_limit / 60
     for item in args.set:
         key, _, value = item.partition("=")
         overrides[key] = _parse_value(value)
@@ -92,22 +94,14 @@ def main() -> None:
     start = time.perf_counter()
     trainer = Trainer(cfg, args.out, progress=False)
     setup_s = time.perf_counter() - start
-    timer = None
-    if args.time_limit is not None:
-        timer = threading.Timer(args.time_limit, trainer.stop.request)
-        timer.daemon = True
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    if timer is not None:
-        timer.start()
     result = trainer.train()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     train_s = time.perf_counter() - start
-    if timer is not None:
-        timer.cancel()
     peak = _peak()
     records = [json.loads(line) for line in (args.out / "metrics.jsonl").read_text().splitlines()]
     step_seconds = sorted(r["seconds"] for r in records)
@@ -138,7 +132,7 @@ def main() -> None:
         "grad_accum": cfg.optim.grad_accum,
         "steps_planned": cfg.steps,
         "steps_done": result.step,
-        "stopped_by_time_limit": result.interrupted,
+        "stopped_by_time_limit": result.stop_reason == "time limit",
         "setup_s": setup_s,
         "train_s": train_s,
         "steps_per_s": result.step / train_s,

@@ -36,8 +36,9 @@ by step along its tokens, timing only the mask: "old" is ``GrammarBatch.next_mas
 
 ``--json FILE`` appends one record per (rows, T, path) to the list in FILE: ``device``, ``date``,
 ``model``, ``task``, ``rows``, ``max_length``, ``decode``, ``decode_ms_per_token_step``,
-``tokens_per_s``, ``step_s`` (seconds per rollout), ``peak_mib`` (null on the CPU), and the
-measurement's details.
+``tokens_per_s``, ``step_s`` (seconds per rollout), ``peak_mib`` (null on the CPU),
+``graphs_captured`` (the static path ran as CUDA graphs: every decoder captured, none failed;
+false on the CPU and for eager) with ``graph_capture_error``, and the measurement's details.
 
 ``--baseline FILE`` instead alternates the ``sample_rollout`` of another version of
 ``raptb.adapters.rollout`` (e.g. ``git show main:adapters/rollout.py > FILE``) with the current one
@@ -223,6 +224,11 @@ def measure(
         if name == "static":
             record["identical_to_eager"] = f"{identical}/{args.repeats}"
             record["max_abs_log_prob_difference"] = worst
+            graphs = policy.decoders.graph_summary()
+            record["graphs_captured"] = graphs["captured"] > 0 and not graphs["failed"]
+            record["graph_capture_error"] = graphs["error"]
+        else:
+            record["graphs_captured"] = False
         if fill:
             record["grammar_fill_old_ms_per_step"] = fill["old"]
             record["grammar_fill_new_ms_per_step"] = fill["new"]

@@ -75,6 +75,35 @@ MODEL_CONFIGS: dict[str, dict[str, int]] = {
         "num_attention_heads": 32,
         "num_key_value_heads": 8,
     },
+    "smollm2-135m-shape": {  # SmolLM2-135M's blocks: 30 layers x 576, 9 heads, 3 KV heads
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+    },
+    "llama-3b": {  # Llama-3.2-3B's blocks
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 8,
+    },
+    "llama-8b": {  # Llama-3.1-8B's blocks
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+    },
+    "qwen3-32b-shape": {  # Qwen3-32B's sizes in Llama blocks (no q/k norm)
+        "hidden_size": 5120,
+        "intermediate_size": 25600,
+        "num_hidden_layers": 64,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+    },
     "llama-tiny": {
         "hidden_size": 64,
         "intermediate_size": 128,
@@ -101,15 +130,15 @@ def digit_reward(prompt: str, text: str) -> float:
     return sum(c.isdigit() for c in text) / max(1, len(text))
 
 
-def write_random_model(name: str, tokenizer_dir: str, out: Path, seed: int = 0) -> Path:
-    """Save a ``MODEL_CONFIGS[name]`` Llama with random weights (seed) and the tokenizer to ``out``
-    (bf16 on a GPU that supports it, float32 otherwise); returns ``out``."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+def random_llama(name: str, tokenizer: Any, seed: int = 0) -> Any:
+    """A ``MODEL_CONFIGS[name]`` Llama over ``tokenizer``'s vocabulary (tied embeddings) with
+    random weights (seed), initialised on the GPU when there is one, directly in its preferred
+    dtype (bf16 where supported: no float32 copy, so 32B shapes fit), float32 otherwise."""
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     from raptb.adapters.lora import preferred_dtype
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         max_position_embeddings=2048,
@@ -119,10 +148,19 @@ def write_random_model(name: str, tokenizer_dir: str, out: Path, seed: int = 0) 
         pad_token_id=tokenizer.pad_token_id,
         **MODEL_CONFIGS[name],
     )
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         with torch.device(device):
-            model = LlamaForCausalLM(config).to(preferred_dtype(device))
+            return LlamaForCausalLM._from_config(config, dtype=preferred_dtype(device))
+
+
+def write_random_model(name: str, tokenizer_dir: str, out: Path, seed: int = 0) -> Path:
+    """Save a ``random_llama(name, ...)`` and the tokenizer in ``tokenizer_dir`` to ``out``;
+    returns ``out``."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    model = random_llama(name, tokenizer, seed)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     del model

@@ -85,6 +85,7 @@ def run_raptb(model_dir: Path, length: int, batch: int, accum: int, args: argpar
     trainer = Trainer(cfg, Path(tempfile.mkdtemp()) / "run", progress=False)
     result = measure_steps(trainer, args.steps, args.warmup)
     result.pop("runs")
+    result["graphs"] = trainer.policy.decoders.graph_summary()  # CUDA graphs of the static path
     del trainer
     _free()
     return result

@@ -100,6 +100,12 @@ class TrainConfig(Section):
     threads: Annotated[int, Field(ge=1)] | None = Field(
         None, description="torch CPU threads; None: torch's choice."
     )
+    time_limit: Annotated[float, Field(gt=0)] | None = Field(
+        None,
+        description="Wall-clock limit in minutes of one invocation, set-up included: once it "
+        "has passed, the step in progress finishes, a checkpoint is written and the run stops "
+        "(exit 0; --resume continues it). None: no limit.",
+    )
     eval_samples: Annotated[int, Field(ge=1)] | None = Field(
         None, description="Evaluation samples N; None: the task's default."
     )

@@ -29,6 +29,7 @@ RESUMABLE_CHANGES = (
     "checkpoint_every",
     "keep_checkpoints",
     "threads",
+    "time_limit",
     "eval_samples",
     "max_nonfinite",
     "reward.workers",

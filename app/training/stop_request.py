@@ -27,17 +27,21 @@ REPEAT_WINDOW = 10.0
 
 
 class StopRequest:
-    """Whether the run was asked to stop after the current step, and by which signal if any."""
+    """Whether the run was asked to stop after the current step, by which signal if any, and
+    why (``reason``: the signal's name, "time limit", or None for a plain ``request()``)."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
         self.requested = False
         self.signum: int | None = None
+        self.reason: str | None = None
         self._since: float | None = None  # time.monotonic() of the first signal
 
-    def request(self) -> None:
+    def request(self, reason: str | None = None) -> None:
         """Ask the loop to stop after the step in progress (as a signal would, without one)."""
         self.requested = True
+        if self.reason is None:
+            self.reason = reason
 
     @contextmanager
     def catching_signals(self) -> Iterator[None]:
@@ -63,7 +67,7 @@ class StopRequest:
         name = signal.Signals(signum).name
         now = time.monotonic()
         if self._since is None:
-            self.requested = True
+            self.request(name)
             self.signum = signum
             self._since = now
             self.console.print(f"[yellow]{name}: finishing this step and checkpointing...[/]")

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from time import monotonic
 from typing import IO, Any
 
 import numpy as np
@@ -71,6 +72,8 @@ class TrainResult:
     checkpoint: Path | None
     stop_signal: int | None = None
     """The signal (SIGINT, SIGTERM) that stopped the run early, if one did."""
+    stop_reason: str | None = None
+    """Why the run stopped early: the signal's name, "time limit" (``time_limit``), or None."""
 
 
 class Trainer:
@@ -86,6 +89,7 @@ class Trainer:
         console: Console | None = None,
         dist: DistContext | None = None,
     ) -> None:
+        self.started = monotonic()  # the start of ``time_limit``
         self.cfg = config
         self.dist = (
             DistContext.from_accelerate(config.distributed.timeout) if dist is None else dist
@@ -206,8 +210,9 @@ class Trainer:
     def train(self, stop_at: int | None = None) -> TrainResult:
         """Run until ``cfg.steps`` (or ``stop_at``) optimizer steps; checkpoint every
         ``checkpoint_every`` steps, at the end, and after the step in progress on Ctrl-C or
-        SIGTERM (app.training.stop_request). The log is first cut back to the step the run starts
-        from (app.run_dir.run_log)."""
+        SIGTERM (app.training.stop_request) or once ``time_limit`` minutes have passed since the
+        trainer was built. The log is first cut back to the step the run starts from
+        (app.run_dir.run_log)."""
         cfg = self.cfg
         if self.dist.is_main:  # the other ranks create and delete nothing in the run directory
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -224,7 +229,12 @@ class Trainer:
             for line in self.rewards.summary_lines():
                 self.warn(line)
         return TrainResult(
-            self.run_dir, self.step, self.stop.requested, checkpoint, self.stop.signum
+            self.run_dir,
+            self.step,
+            self.stop.requested,
+            checkpoint,
+            self.stop.signum,
+            self.stop.reason,
         )
 
     def _run_steps(self, end: int, checkpoint: Path | None) -> Path | None:
@@ -260,10 +270,27 @@ class Trainer:
                 bar.update(task_id, completed=self.step, **bar_fields(record))
                 if self.step % cfg.checkpoint_every == 0 or self.step == end:
                     checkpoint = self.save_checkpoint()
+                if self.step < end and self._time_is_up():
+                    self.stop.request("time limit")
         self.stop.requested = self.dist.any_true(self.stop.requested)
         if self.stop.requested and (checkpoint is None or self.step % cfg.checkpoint_every):
             checkpoint = self.save_checkpoint()
         return checkpoint
+
+    def _time_is_up(self) -> bool:
+        """Whether ``time_limit`` minutes have passed since the trainer was built (said once)."""
+        limit = self.cfg.time_limit
+        if limit is None or self.stop.requested or monotonic() - self.started < limit * 60:
+            return False
+        if self.dist.is_main:
+            self.console.print(
+                f"time limit: {limit:g} min passed; checkpointing after step {self.step} and "
+                "stopping",
+                style="yellow",
+                markup=False,
+                highlight=False,
+            )
+        return True
 
     def _log_file(self) -> AbstractContextManager[IO[str] | None]:
         """metrics.jsonl opened for appending on rank 0; nothing on the other ranks."""

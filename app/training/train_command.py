@@ -3,9 +3,9 @@
 Each flag's help text and shown default come from its ``TrainConfig`` field
 (app.configuration.reference), so they are written once, in the configuration.
 
-Exit codes: 0 done (or stopped by a first Ctrl-C, checkpointed), 2 a one-line error in the
-user's inputs (app.errors), ``EXIT_TERMINATED`` = 143 (128 + SIGTERM) when SIGTERM stopped the
-run after checkpointing (preemption: resume with ``--resume``).
+Exit codes: 0 done (or stopped by a first Ctrl-C or by ``--time-limit``, checkpointed), 2 a
+one-line error in the user's inputs (app.errors), ``EXIT_TERMINATED`` = 143 (128 + SIGTERM) when
+SIGTERM stopped the run after checkpointing (preemption: resume with ``--resume``).
 """
 
 from __future__ import annotations
@@ -127,6 +127,7 @@ SHORT_FLAGS: tuple[tuple[str, str, Any], ...] = (
     ("grad_accum", "optim.grad_accum", int),
     ("checkpoint_every", "checkpoint_every", int),
     ("threads", "threads", int),
+    ("time_limit", "time_limit", float),
     ("lora_rank", "lora.rank", int),
     ("scaffolds", "smiles.scaffolds", Path),
     ("absorb", "objective.absorb", bool),
@@ -265,7 +266,11 @@ def train_command(
     if not dist.is_main:
         raise typer.Exit(code)
     record_outcome(code)
-    state = "interrupted" if result.interrupted else "done"
+    state = "done"
+    if result.stop_reason == "time limit":
+        state = f"stopped at the time limit ({cfg.time_limit:g} min)"
+    elif result.interrupted:
+        state = "interrupted"
     _err.print(f"{state}: {result.step}/{cfg.steps} steps; run directory {result.run_dir}")
     if result.interrupted:
         again = f"train --resume --out {result.run_dir}"

@@ -20,7 +20,7 @@ from raptb.adapters.lora import apply_lora
 from raptb.adapters.models import build_char_tokenizer
 from raptb.adapters.policy import HFPolicy
 from raptb.adapters.rollout import Rollout
-from raptb.adapters.static_decode import bucket_rows, resolve_decode
+from raptb.adapters.static_decode import StaticDecoders, bucket_rows, resolve_decode
 from raptb.adapters.tasks.expr24.task import expr24_grammar
 from raptb.adapters.tokens import legal_token_ids, stop_token_id
 from tests.adapters.test_policy import ALPHABET, PROMPT, make_policy
@@ -248,3 +248,18 @@ def test_decode_modes_resolve() -> None:
     with pytest.raises(ValueError, match="decode"):
         HFPolicy(model, tokenizer, legal_ids=legal, stop_id=stop, decode="graph")  # type: ignore[arg-type]
     assert [bucket_rows(n) for n in (1, 8, 9, 64, 65, 128, 129)] == [8, 8, 16, 64, 96, 128, 160]
+
+
+def test_graph_summary_counts_captured_and_failed_decoders():
+    # benchmark records read it (graphs_captured): a failed capture must not pass for a capture
+    decoders = StaticDecoders()
+    captured = SimpleNamespace(graphs=(object(), object()), graphs_failed=False, capture_error=None)
+    failed = SimpleNamespace(graphs=None, graphs_failed=True, capture_error="RuntimeError: no")
+    eager = SimpleNamespace(graphs=None, graphs_failed=False, capture_error=None)
+    decoders._decoders.update({(8, 3, 4): captured, (16, 3, 4): failed, (32, 3, 4): eager})
+    assert decoders.graph_summary() == {
+        "decoders": 3,
+        "captured": 1,
+        "failed": 1,
+        "error": "RuntimeError: no",
+    }

@@ -343,3 +343,52 @@ def test_log_z_lr_0_holds_log_z_at_its_initial_value(tmp_path):
     assert small_config(model="some/pretrained-model").optim.log_z_lr == 0.1
     with pytest.raises(ConfigError, match=r"optim\.log_z_lr"):
         small_config(**{"optim.log_z_lr": -0.1})
+
+
+def _fake_clock(monkeypatch, seconds_per_call: float) -> None:
+    """The trainer's clock advances ``seconds_per_call`` at each reading."""
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += seconds_per_call
+        return now[0]
+
+    monkeypatch.setattr("raptb.app.training.train.monotonic", clock)
+
+
+def test_time_limit_checkpoints_and_resume_continues_exactly(tmp_path, monkeypatch):
+    cfg = small_config(steps=4, seed=4, checkpoint_every=100)
+    straight = Trainer(cfg, tmp_path / "a", progress=False)
+    straight.train()
+
+    # 60 s per clock reading: 60 s after step 1, 120 s (past 1.5 min) after step 2
+    _fake_clock(monkeypatch, 60.0)
+    limited = Trainer(cfg.model_copy(update={"time_limit": 1.5}), tmp_path / "b", progress=False)
+    result = limited.train()
+    assert (result.step, result.stop_reason, result.stop_signal) == (2, "time limit", None)
+    assert result.interrupted and result.checkpoint is not None
+    assert [p.name for p in list_checkpoints(tmp_path / "b")] == ["step-000002"]
+
+    monkeypatch.undo()
+    resumed = Trainer(cfg, tmp_path / "b", resume=True, progress=False)
+    assert resumed.train().stop_reason is None
+    a, b = straight.policy.model.state_dict(), resumed.policy.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    drop = ("seconds",)
+    ra = [{k: v for k, v in r.items() if k not in drop} for r in records(tmp_path / "a")]
+    rb = [{k: v for k, v in r.items() if k not in drop} for r in records(tmp_path / "b")]
+    assert ra == rb
+
+
+def test_cli_time_limit_stops_with_exit_0_and_says_why(tmp_path, monkeypatch):
+    _fake_clock(monkeypatch, 60.0)  # 1 min limit: 60 s have passed after the first step
+    run = tmp_path / "run"
+    args = ["train", "--steps", "3", "--batch-size", "4", "--grad-accum", "1", "--no-progress"]
+    out = CliRunner().invoke(app, [*args, "--out", str(run), "--time-limit", "1"])
+    assert out.exit_code == 0, out.output
+    assert "time limit: 1 min passed; checkpointing after step 1" in out.output
+    assert "stopped at the time limit (1 min): 1/3 steps" in out.output
+    assert f"raptb train --resume --out {run}" in out.output
+    assert [p.name for p in list_checkpoints(run)] == ["step-000001"]
+    bad = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "x"), "--time-limit", "0"])
+    assert bad.exit_code == 2 and "time_limit" in bad.output

@@ -19,8 +19,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from rapidfuzz.distance import Levenshtein
-from rapidfuzz.process import cdist
 
 TOP_K = 100
 
@@ -29,6 +27,9 @@ def levenshtein_matrix(a: Sequence[str], b: Sequence[str]) -> np.ndarray:
     """Levenshtein distances int32 [len(a), len(b)] (insert, delete, substitute cost 1)."""
     if not a or not b:
         return np.zeros((len(a), len(b)), dtype=np.int32)
+    from rapidfuzz.distance import Levenshtein  # at use: a task lookup does not import rapidfuzz
+    from rapidfuzz.process import cdist
+
     return cdist(list(a), list(b), scorer=Levenshtein.distance, dtype=np.int32, workers=1)
 
 

@@ -23,8 +23,6 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-import simplemma
-
 WORD_PATTERN = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)*")
 ORDINARY_PUNCTUATION = ",;:'\"!?.-()"
 SENTENCE_CHARACTERS = frozenset(
@@ -92,6 +90,8 @@ def lemma_forms(word: str) -> frozenset[str]:
 
     All lower-case; ``word`` is expected lower-case (as :func:`words` returns it).
     """
+    import simplemma  # at use (18 MiB of dictionaries): a task lookup does not import it
+
     lemma = simplemma.lemmatize(word, lang="en").lower()
     return frozenset({word, lemma} | _suffix_stems(word) | _suffix_stems(lemma))
 

@@ -28,7 +28,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from sacrebleu.metrics import BLEU
 
 from raptb.adapters.tasks.commongen.task import CommonGenTask
 from raptb.core.metrics import mean_length, ragged_token_entropy
@@ -54,6 +53,8 @@ def corpus_bleu(sentences: Sequence[str], references: Sequence[str]) -> float:
     against all of ``references``."""
     if not sentences or not references:
         return 0.0
+    from sacrebleu.metrics import BLEU  # at use: a task lookup does not import sacrebleu
+
     streams = [[reference] * len(sentences) for reference in references]
     bleu = BLEU(tokenize="13a", smooth_method="none")
     return float(bleu.corpus_score(list(sentences), streams).score)

@@ -31,9 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
-
-from sacrebleu.metrics import BLEU
+from typing import TYPE_CHECKING, Literal
 
 from raptb.adapters.tasks.commongen.data import ConceptSet, diagnostic_concept_sets
 from raptb.adapters.tasks.commongen.english import (
@@ -43,6 +41,9 @@ from raptb.adapters.tasks.commongen.english import (
     lemma_forms,
     words,
 )
+
+if TYPE_CHECKING:
+    from sacrebleu.metrics import BLEU
 from raptb.core.metrics.text_overlap import max_bigram_f1
 from raptb.core.ports import Score, check_length_bounds
 
@@ -98,6 +99,8 @@ class CommonGenTask:
                 raise ValueError(f"commongen.{name}: must be >= 0, got {getattr(self, name)}")
         if not self.concept_sets:
             raise ValueError("commongen.prompts: no concept set")
+        from sacrebleu.metrics import BLEU  # at build: a task lookup does not import sacrebleu
+
         self._bleu = BLEU(effective_order=True, smooth_method="exp")
         for concept_set in self.concept_sets:
             if not concept_set.concepts:

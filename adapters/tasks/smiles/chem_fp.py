@@ -11,14 +11,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from rdkit import Chem, DataStructs
-from rdkit.Chem import rdFingerprintGenerator
 
 from raptb.core.subm.similarity import pack_bits
 
 
 def morgan_packed(smiles: Sequence[str], radius: int = 2, n_bits: int = 2048) -> np.ndarray:
     """Packed Morgan fingerprints of ``smiles`` -> uint64 [len(smiles), ceil(n_bits / 64)]."""
+    from rdkit import Chem, DataStructs  # at use: a task lookup does not import RDKit
+    from rdkit.Chem import rdFingerprintGenerator
+
     gen = rdFingerprintGenerator.GetMorganGenerator(radius=radius, fpSize=n_bits)
     bits = np.zeros((len(smiles), n_bits), dtype=np.uint8)
     for i, s in enumerate(smiles):

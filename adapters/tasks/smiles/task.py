@@ -31,18 +31,18 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 from pydantic import Field
-from rdkit import Chem
-from rdkit.Chem import QED
-from rdkit.rdBase import BlockLogs
 
 from raptb.adapters.registry import TaskOptions, TaskSpec, register_task
 from raptb.adapters.tasks.smiles.chem_fp import morgan_packed
 from raptb.core.metrics import smiles_metrics
 from raptb.core.ports import Score, check_length_bounds
+
+if TYPE_CHECKING:
+    from rdkit import Chem
 
 DEFAULT_SCAFFOLD = "O=C1Nc2cc(*)ccc2N1"
 DEFAULT_PROMPT_TEMPLATE = "Scaffold: {scaffold}\nFragment:"
@@ -127,6 +127,9 @@ def check_scaffold(scaffold: str) -> str:
             f"scaffolds: {scaffold!r} must contain exactly one '*' attachment point, "
             f"found {scaffold.count('*')}"
         )
+    from rdkit import Chem  # here, not at the top: a task lookup does not import RDKit
+    from rdkit.rdBase import BlockLogs
+
     with BlockLogs():
         if Chem.MolFromSmiles(scaffold) is None:
             raise ValueError(f"scaffolds: {scaffold!r} is not a valid SMILES")
@@ -215,6 +218,9 @@ class SmilesTask:
         smiles = self.merge(prompt, text)
         if smiles in self._molecules:
             return self._molecules[smiles]
+        from rdkit import Chem
+        from rdkit.rdBase import BlockLogs
+
         with BlockLogs():  # RDKit logs every parse error to stderr; invalid prefixes are routine
             mol = Chem.MolFromSmiles(smiles)
         if len(self._molecules) >= MOLECULE_CACHE_LIMIT:
@@ -227,6 +233,8 @@ class SmilesTask:
         mol = self.molecule(prompt, text)
         if mol is None:
             return _INVALID
+        from rdkit.Chem import QED
+
         return Score(value=float(QED.qed(mol)), valid=True)
 
     def item_features(self, prompt: str, text: str) -> ItemFeatures:
@@ -234,6 +242,8 @@ class SmilesTask:
         mol = self.molecule(prompt, text)
         if mol is None:
             return ItemFeatures(np.zeros(FINGERPRINT_BITS // 64, dtype=np.uint64), None)
+        from rdkit import Chem
+
         canonical = Chem.MolToSmiles(mol)
         fingerprint = morgan_packed([canonical], FINGERPRINT_RADIUS, FINGERPRINT_BITS)[0]
         return ItemFeatures(fingerprint, canonical)

@@ -1,0 +1,73 @@
+"""GPU staging (benchmarks/gpu/staging.py): every plan's uploads fit one device call each, from
+the lock's sizes (no network), at the versions installed here; the packing is checked on random
+sizes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def staging(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "gpu"))
+    monkeypatch.chdir(ROOT)
+    import staging
+
+    return staging
+
+
+def test_every_plan_stages_in_uploads_that_fit(staging):
+    lock = json.loads(staging.LOCK.read_text())
+    assert {w["name"] for w in lock["wheels"]} == {
+        name for names in staging.PLAN_PACKAGES.values() for name in names
+    }
+    tree = staging.tree_bytes()
+    assert staging.check(lock, tree) == []  # versions as installed, every upload fits
+    counts = {plan: len(staging.uploads(lock, plan, tree)) for plan in staging.PLAN_PACKAGES}
+    # the random-weight plans without TRL stage in one call
+    assert counts["smiles"] == counts["scales"] == 1
+    assert counts["first"] == 2  # SmolLM2's 88.6 MiB wheel needs a second
+    # a wheel too big, or a version that is not the installed one, is reported
+    big = dict(lock, wheels=[{**w, "size": 70 * 2**20} if w["name"] == "rdkit" else w
+                             for w in lock["wheels"]])  # fmt: skip
+    with pytest.raises(SystemExit, match="rdkit"):
+        staging.check(big, tree)
+    old = dict(
+        lock, wheels=[{**w, "version": "0.0"} for w in lock["wheels"][:1]] + lock["wheels"][1:]
+    )
+    assert staging.check(old, tree) == [
+        f"{lock['wheels'][0]['name']}: lock 0.0, installed {lock['wheels'][0]['version']}"
+    ]
+
+
+@given(
+    sizes=st.lists(st.integers(1, 50), min_size=1, max_size=8),
+    model=st.integers(0, 400),
+    room=st.integers(50, 120),
+)
+def test_pack_places_everything_once_within_the_room(sizes, model, room):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+    import staging
+
+    items = {f"w{i}": size for i, size in enumerate(sizes)} | {staging.MODEL: model}
+    loads = staging.pack(items, room)
+    assert all(sum(size for _, _, size in load) <= room for load in loads)
+    whole = sorted(name for load in loads for name, _, _ in load if name != staging.MODEL)
+    assert whole == sorted(f"w{i}" for i in range(len(sizes)))
+    slices = [
+        (offset, size) for load in loads for name, offset, size in load if name == staging.MODEL
+    ]
+    assert sum(size for _, size in slices) == model
+    assert [offset for offset, _ in slices] == [
+        sum(s for _, s in slices[:k]) for k in range(len(slices))
+    ]
+    assert all(size > 0 for _, size in slices)
