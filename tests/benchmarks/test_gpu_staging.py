@@ -1,10 +1,11 @@
 """GPU staging (benchmarks/gpu/staging.py): every plan's uploads fit one device call each, from
-the lock's sizes (no network), at the versions installed here; the packing is checked on random
-sizes."""
+the lock's sizes (no network); a lock behind the installed versions is a warning (a new release
+on the registry must not fail CI); the packing is checked on random sizes."""
 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,16 @@ def test_every_plan_stages_in_uploads_that_fit(staging):
         name for names in staging.PLAN_PACKAGES.values() for name in names
     }
     tree = staging.tree_bytes()
-    assert staging.check(lock, tree) == []  # versions as installed, every upload fits
+    problems = staging.check(lock, tree)
+    assert [p for p in problems if "MiB" in p] == []  # every upload fits
+    stale = [p for p in problems if "MiB" not in p]
+    if stale:  # a newer release installed here: the lock wants refreshing, CI need not fail
+        warnings.warn(
+            "benchmarks/gpu/staging.lock.json is behind the installed versions ("
+            + "; ".join(stale)
+            + "): run python benchmarks/gpu/staging.py lock",
+            stacklevel=1,
+        )
     counts = {plan: len(staging.uploads(lock, plan, tree)) for plan in staging.PLAN_PACKAGES}
     # the random-weight plans without TRL stage in one call
     assert counts["smiles"] == counts["scales"] == 1
