@@ -262,6 +262,21 @@ PRETRAINED_PRESET: dict[str, Any] = {
 TINY_PRESET: dict[str, Any] = {"optim": {"log_z_lr": 0.0}}
 
 
+def _one_micro_batch(data: dict[str, Any]) -> dict[str, Any]:
+    """The embedded model's step as one micro-batch: batch_size x grad_accum rows (the task's
+    or the defaults) in a single forward and backward, grad_accum 1. The split is a memory knob
+    only (the same rows, loss and update: tests/app/test_split_invariance.py), and on a CPU one
+    forward over a step's rows costs less than several over its parts: the main job's step took
+    0.58-0.73x the time of four micro-batches of 32 (benchmarks/train_step.md). Not applied when
+    the file or the flags set either field."""
+    fields_ = OptimConfig.model_fields
+    optim = data.get("optim", {})
+    rows = optim.get("batch_size", fields_["batch_size"].default) * optim.get(
+        "grad_accum", fields_["grad_accum"].default
+    )
+    return _merge(data, {"optim": {"batch_size": rows, "grad_accum": 1}})
+
+
 def task_presets(task: object) -> dict[str, Any]:
     """Config values task ``task`` sets under the file and the flags ({} for an unknown task,
     which validation then reports)."""
@@ -294,11 +309,14 @@ def build_config(file: Path | None = None, overrides: dict[str, Any] | None = No
         for part in reversed(key.split(".")):
             nested = {part: nested}
         data = _merge(data, nested)
+    chosen_split = {"batch_size", "grad_accum"} & set(data.get("optim", {}))
     data = _merge(task_presets(data.get("task", DEFAULT_TASK)), data)
     if data.get("model", "tiny") != "tiny":
         data = _merge(PRETRAINED_PRESET, data)
     else:
         data = _merge(TINY_PRESET, data)
+        if not chosen_split and data.get("loss") not in RL_LOSSES:
+            data = _one_micro_batch(data)
     if data.get("loss") in RL_LOSSES:
         data = _merge(_merge(RL_PRESET, RL_LOSS_PRESETS.get(data["loss"], {})), data)
     try:

@@ -113,7 +113,9 @@ class OptimConfig(Section):
     batch_size: Annotated[int, Field(ge=1)] = Field(
         32,
         description="Trajectories per micro-batch: a step's batch_size x grad_accum rows are "
-        "rolled out together, and the loss runs over micro-batches of batch_size (memory only).",
+        "rolled out together, and the loss runs over micro-batches of batch_size (memory only). "
+        "On the embedded tiny model a GFlowNet step is one micro-batch of batch_size x "
+        "grad_accum rows (grad_accum 1; faster on a CPU, the same update) unless either is set.",
     )
     grad_accum: Annotated[int, Field(ge=1)] = Field(
         4, description="Micro-batches per optimizer step."
