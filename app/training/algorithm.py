@@ -8,8 +8,9 @@ seen, checkpoints, the metrics log, stop signals, non-finite handling, and gradi
 clipping and application. An algorithm (``app.training.algorithms``: the GFlowNet objectives, GRPO,
 PPO; one module each) owns its step's work, its own trainable state and its parameter groups (logZ
 for the GFlowNet, the value head for PPO), the fields of its metrics record and what it adds to a
-checkpoint. A new algorithm is one module with a class of this shape, named in
-``app.training.train.ALGORITHMS``.
+checkpoint. A new algorithm is one module with a class of this shape, named by its loss's entry in
+app.configuration.losses (``Loss.algorithm``, a plug-in's through the ``raptb.losses`` entry
+points).
 """
 
 from __future__ import annotations

@@ -2,11 +2,10 @@
 signals, non-finite handling, gradient application and distribution.
 
 ``Trainer`` builds what every run shares (task, policy, reward calls, prefix scorer, reward
-schedule, RNG streams), then the algorithm that ``loss`` names (``ALGORITHMS``: GRPO and PPO;
-every other loss is a GFlowNet objective, app.training.algorithms.gflownet), whose parameter groups
-join the policy's in one AdamW optimizer; each logged step is the algorithm's ``optimizer_step``
-(app.training.algorithm declares the interface). The stages an algorithm schedules are those of
-``raptb.app.training.step``.
+schedule, RNG streams), then the algorithm the ``loss``'s registry entry names
+(app.configuration.losses), whose parameter groups join the policy's in one AdamW optimizer; each
+logged step is the algorithm's ``optimizer_step`` (app.training.algorithm declares the
+interface). The stages an algorithm schedules are those of ``raptb.app.training.step``.
 
 Launched on several processes (``accelerate launch -m raptb train``), each rank trains on its
 contiguous share of the step's rows (the behaviour plan is drawn from an RNG all ranks share);
@@ -17,7 +16,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,10 +35,7 @@ from raptb.app.run_dir.resume import check_steps
 from raptb.app.run_dir.run_log import cut_log, log_path
 from raptb.app.run_dir.trackers import Trackers
 from raptb.app.runtime import build_policy, build_task
-from raptb.app.training.algorithm import Algorithm, Loop
-from raptb.app.training.algorithms.gflownet import GFlowNet
-from raptb.app.training.algorithms.grpo import GRPOAlgorithm
-from raptb.app.training.algorithms.ppo import PPOAlgorithm
+from raptb.app.training.algorithm import Algorithm
 from raptb.app.training.prefix_reward import PrefixScorer
 from raptb.app.training.reward_calls import RewardCaller
 from raptb.app.training.reward_schedule import RewardSchedule
@@ -54,13 +49,7 @@ from raptb.app.training.train_state import (
 )
 from raptb.app.training.training_error import TrainingError
 
-__all__ = ["ALGORITHMS", "TrainResult", "Trainer", "TrainingError"]
-
-ALGORITHMS: dict[str, Callable[[Loop], Algorithm]] = {
-    "grpo": GRPOAlgorithm,
-    "ppo": PPOAlgorithm,
-}
-"""The algorithm of each RL baseline's ``loss``; every other loss is a GFlowNet objective."""
+__all__ = ["TrainResult", "Trainer", "TrainingError"]
 
 
 @dataclass(frozen=True)
@@ -133,7 +122,7 @@ class Trainer:
         self.nonfinite_in_row = 0
         self.nonfinite_total = 0
         self.correct_seen: set[str] = set()
-        self.algorithm: Algorithm = ALGORITHMS.get(config.loss, GFlowNet)(self)
+        self.algorithm: Algorithm = config.loss_entry.algorithm_class()(self)
         # with LoRA the reference is the same weights with the adapter disabled: no copy
         if self.algorithm.uses_reference() and not is_peft_model(self.policy.model):
             self.policy.freeze_reference()  # the base weights, before any update or resume

@@ -46,6 +46,7 @@ from array_api_compat import array_namespace, device
 from raptb.core.by_name import build_by_name, hyperparameter_names
 from raptb.core.gfn.batch import PrefixBatch
 from raptb.core.gfn.targets import TARGET_MODES, absorbed_targets, backup_window_end
+from raptb.core.registry import Registry
 from raptb.core.schedules import LinearSchedule, schedule_value
 
 Array = Any
@@ -150,9 +151,18 @@ def check_range(name: str, value: float, lo: float, hi: float, lo_open: bool = F
 
 @dataclass(frozen=True)
 class Objective:
-    """Base class: a callable ``loss_fn(batch, log_z, step=0) -> (loss, diagnostics)``."""
+    """Base class: a callable ``loss_fn(batch, log_z, step=0) -> (loss, diagnostics)``.
+
+    ``holds_log_z``: the loss is not a mean over rows but couples them through a logZ estimate
+    over the batch (VarGrad). A step split into micro-batches then holds the estimate over all
+    its rows fixed in each, passed as ``log_z_hat``, from the rows' ``partial_residuals``."""
 
     name: ClassVar[str] = ""
+    holds_log_z: ClassVar[bool] = False
+
+    def partial_residuals(self, batch: PrefixBatch) -> Array:
+        """The logZ-free TB residual of each row, C_tau + log_pterm[tau] - log_r[tau], [B]."""
+        return _at_length(_masked_inputs(batch).residuals(), batch)
 
     def __call__(
         self, batch: PrefixBatch, log_z: Array | float, step: int = 0
@@ -336,10 +346,7 @@ class VarGrad(Objective):
     """logZ-free variance objective: Var_b(C_tau + log_pterm[tau] - log_r[tau])."""
 
     name: ClassVar[str] = "vargrad"
-
-    def partial_residuals(self, batch: PrefixBatch) -> Array:
-        """The logZ-free TB residual of each row, C_tau + log_pterm[tau] - log_r[tau], [B]."""
-        return _at_length(_masked_inputs(batch).residuals(), batch)
+    holds_log_z: ClassVar[bool] = True
 
     def __call__(self, batch, log_z, step=0, *, log_z_hat=None):
         """``log_z_hat``: the estimate held fixed (no gradient), e.g. minus the mean partial
@@ -357,9 +364,11 @@ class VarGrad(Objective):
         return loss, _diagnostics(loss, log_z_hat, residual, None, None)
 
 
-OBJECTIVES: dict[str, type[Objective]] = {
-    cls.name: cls for cls in (TB, SubTB, RapTB, AvgPrefixTB, RootSubTBLogZ, VarGrad)
-}
+OBJECTIVES: Registry[type[Objective]] = Registry(
+    "objective",
+    lambda cls: getattr(cls, "name", None),
+    (TB, SubTB, RapTB, AvgPrefixTB, RootSubTBLogZ, VarGrad),
+)
 
 
 def register_objective(cls: type[Objective]) -> type[Objective]:
@@ -368,19 +377,12 @@ def register_objective(cls: type[Objective]) -> type[Objective]:
     a class decorator. Its hyperparameters are its dataclass fields: a run passes it the
     ``[objective]`` values of the fields it shares with that section, the rest keep their
     defaults. A name may be registered once (ValueError otherwise)."""
-    name = getattr(cls, "name", None)
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"an objective needs a class attribute name (an identifier), got {name!r}")
-    known = OBJECTIVES.get(name)
-    if known is not None and known is not cls:
-        raise ValueError(f"objective {name!r} is already registered")
-    OBJECTIVES[name] = cls
-    return cls
+    return OBJECTIVES.register(cls)
 
 
 def objective_hyperparameters(name: str) -> tuple[str, ...]:
     """Names of the hyperparameters objective ``name`` accepts."""
-    return hyperparameter_names(OBJECTIVES, "objective", name)
+    return hyperparameter_names(OBJECTIVES, name)
 
 
 def objective_by_name(name: str, **hyperparameters: Any) -> Objective:
@@ -389,4 +391,4 @@ def objective_by_name(name: str, **hyperparameters: Any) -> Objective:
     Hyperparameters not taken by that objective raise a ValueError listing the valid ones; values
     out of range raise a ValueError naming the hyperparameter.
     """
-    return build_by_name(OBJECTIVES, "objective", name, hyperparameters)
+    return build_by_name(OBJECTIVES, name, hyperparameters)

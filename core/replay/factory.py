@@ -10,16 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from raptb.core.registry import Registry
 from raptb.core.replay.base import ReplayBuffer
 from raptb.core.replay.oracle import OracleBuffer
 from raptb.core.replay.prt import PrioritizedReplayTraining
 from raptb.core.replay.rp import RewardPrioritizedBuffer
 from raptb.core.replay.subm import SubmodularBuffer
 
-BUFFERS: dict[str, type[ReplayBuffer]] = {
-    cls.kind: cls
-    for cls in (RewardPrioritizedBuffer, PrioritizedReplayTraining, SubmodularBuffer, OracleBuffer)
-}
+BUFFERS: Registry[type[ReplayBuffer]] = Registry(
+    "replay kind",
+    lambda cls: getattr(cls, "kind", None),
+    (RewardPrioritizedBuffer, PrioritizedReplayTraining, SubmodularBuffer, OracleBuffer),
+    reserved=("none",),
+)
 BUFFER_KINDS = tuple(BUFFERS)
 """The shipped kinds, in the order the docs list them."""
 
@@ -27,22 +30,12 @@ BUFFER_KINDS = tuple(BUFFERS)
 def register_buffer(cls: type[ReplayBuffer]) -> type[ReplayBuffer]:
     """Add buffer kind ``cls`` to ``BUFFERS`` (usable as a class decorator); a kind may be
     registered once (ValueError otherwise)."""
-    kind = getattr(cls, "kind", None)
-    if not isinstance(kind, str) or not kind.isidentifier() or kind == "none":
-        raise ValueError(f"a buffer needs a class attribute kind (an identifier), got {kind!r}")
-    known = BUFFERS.get(kind)
-    if known is not None and known is not cls:
-        raise ValueError(f"replay kind {kind!r} is already registered")
-    BUFFERS[kind] = cls
-    return cls
+    return BUFFERS.register(cls)
 
 
 def buffer_class(kind: str) -> type[ReplayBuffer]:
     """The registered class of ``kind``; a ValueError lists the kinds otherwise."""
-    try:
-        return BUFFERS[kind]
-    except KeyError:
-        raise ValueError(f"kind must be one of {tuple(BUFFERS)}, got {kind!r}") from None
+    return BUFFERS.lookup(kind)
 
 
 def make_buffer(kind: str, **kwargs: Any) -> ReplayBuffer:

@@ -45,6 +45,7 @@ from raptb.core.rl.advantages import (
     masked_whiten,
     token_rewards,
 )
+from raptb.core.rl.base import RLObjective
 from raptb.core.rl.batch import RLBatch
 
 Array = Any
@@ -54,7 +55,7 @@ Targets = tuple[Array, Array, Array | None]
 
 
 @dataclass(frozen=True)
-class PPO:
+class PPO(RLObjective):
     """Clipped PPO with a value head and GAE; defaults are TRL's ``PPOConfig`` defaults."""
 
     name: ClassVar[str] = "ppo"
@@ -84,6 +85,11 @@ class PPO:
         for flag in ("whiten_rewards", "whiten_advantages"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag}: must be a bool, got {getattr(self, flag)!r}")
+
+    @property
+    def uses_reference(self) -> bool:
+        """The per-token KL penalty in the rewards reads the reference when kl_coef != 0."""
+        return self.kl_coef != 0.0
 
     def advantages(self, batch: RLBatch) -> Targets:
         """Detached (advantages, returns, kl) [B, T+1] from the rollout, 0 after tau.

@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from raptb.app.cli import app
-from raptb.app.configuration.config import CISPO_EPSILON_HIGH, ConfigError, build_config
+from raptb.app.configuration.config import ConfigError, build_config
 from raptb.app.run_dir.checkpoint import _seal as seal
 from raptb.app.training.algorithms.grpo import GRPOAlgorithm
 from raptb.app.training.algorithms.ppo import PPOAlgorithm
@@ -20,7 +20,7 @@ from raptb.app.training.step import Rewards, roll_out
 from raptb.app.training.train import Trainer
 from raptb.app.training.trainers import make_trainer
 from raptb.core.rl.batch import RLBatch
-from raptb.core.rl.grpo import GRPO
+from raptb.core.rl.grpo import CISPO_EPSILON_HIGH, GRPO
 from raptb.core.rl.ppo import PPO
 from tests.app.test_train import records, small_config, weights
 
@@ -191,13 +191,13 @@ def test_ppo_wiring_uses_the_value_head_and_terminal_reward(tmp_path):
 def test_rl_config_defaults_and_errors(tmp_path):
     cfg = build_config(overrides={"loss": "grpo"})
     assert cfg.replay.kind == "none"
-    kwargs = cfg.rl_objective_kwargs()
+    kwargs = cfg.objective_kwargs()
     assert GRPO(**kwargs) == GRPO()  # TRL's defaults, written once in core
-    assert set(build_config(overrides={"loss": "ppo"}).rl_objective_kwargs()) <= set(
+    assert set(build_config(overrides={"loss": "ppo"}).objective_kwargs()) <= set(
         PPO.__dataclass_fields__
     )
     cispo = build_config(overrides={"loss": "grpo", "rl.loss_type": "cispo"})
-    assert cispo.rl_objective_kwargs()["epsilon_high"] == CISPO_EPSILON_HIGH
+    assert cispo.objective_kwargs()["epsilon_high"] == CISPO_EPSILON_HIGH
     with pytest.raises(ConfigError, match="replay 'none' only") as info:
         build_config(overrides={"loss": "grpo", "replay.kind": "subm"})
     assert "\n" not in str(info.value)

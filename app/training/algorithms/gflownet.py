@@ -52,10 +52,10 @@ from raptb.app.training.step_batch import (
     micro_batches,
     plan_rows,
 )
-from raptb.core.gfn.objectives import Objective, VarGrad, objective_by_name
+from raptb.core.gfn.objectives import Objective
 
 
-class GFlowNet:
+class GFlowNetAlgorithm:
     """Trains a GFlowNet objective (app.training.algorithm's shape)."""
 
     objective: Objective
@@ -64,7 +64,7 @@ class GFlowNet:
         cfg = loop.cfg
         self.loop = loop
         self.log_z = torch.nn.Parameter(torch.tensor(cfg.optim.log_z_init, dtype=torch.float32))
-        self.objective = objective_by_name(cfg.loss, **cfg.objective_kwargs())
+        self.objective = cfg.build_objective()
         self.mix = MixSchedule(cfg, cfg.schedule_horizon)
         self.buffer = build_buffer(cfg, loop.task, loop.policy, loop.scorer)
         self.oracle = self.buffer if cfg.replay.kind == "oracle" else None
@@ -174,10 +174,11 @@ class GFlowNet:
         return self._step_record(totals, step.plan, time.perf_counter() - start)
 
     def _held_kwargs(self, batches: list[list[tuple[Trajectories, Rewards]]]) -> dict[str, Any]:
-        """What the objective holds fixed over the step's micro-batches: VarGrad's logZ estimate
-        from all of this rank's rows (a forward without gradients first), so that its batch is
-        the step; nothing for the other objectives, whose loss is a mean over rows."""
-        if not isinstance(self.objective, VarGrad) or len(batches) == 1:
+        """What the objective holds fixed over the step's micro-batches: for one that declares
+        ``holds_log_z`` (VarGrad), the logZ estimate from all of this rank's rows (a forward
+        without gradients first), so that its batch is the step; nothing for the others, whose
+        loss is a mean over rows."""
+        if not self.objective.holds_log_z or len(batches) == 1:
             return {}
         partial = []
         policy = self.loop.policy

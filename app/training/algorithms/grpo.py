@@ -17,7 +17,6 @@ from raptb.app.training.rl_step import rl_loss_step
 from raptb.app.training.step import LossResult
 from raptb.core.rl.advantages import group_advantages
 from raptb.core.rl.grpo import GRPO
-from raptb.core.rl.objectives import rl_objective_by_name
 
 
 class GRPOAlgorithm(RLAlgorithm):
@@ -27,9 +26,7 @@ class GRPOAlgorithm(RLAlgorithm):
 
     def __init__(self, loop: Loop) -> None:
         super().__init__(loop)
-        objective = rl_objective_by_name(loop.cfg.loss, **loop.cfg.rl_objective_kwargs())
-        assert isinstance(objective, GRPO)
-        self.objective = objective
+        self.objective = loop.cfg.build_objective()
 
     def optimizer_step(self) -> dict[str, Any] | None:
         """Roll out the step's rows, take the advantages over all of them and normalise

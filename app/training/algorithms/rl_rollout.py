@@ -21,10 +21,10 @@ import torch
 
 from raptb.app.training.algorithm import Loop
 from raptb.app.training.mix_schedule import Mix
-from raptb.app.training.rl_step import needs_reference, sequence_rewards
+from raptb.app.training.rl_step import sequence_rewards
 from raptb.app.training.step import Trajectories, correct_texts, reward
 from raptb.app.training.step_batch import collect_step, micro_batches, plan_rows
-from raptb.core.rl.objectives import RLObjective
+from raptb.core.rl.base import RLObjective
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ class RLAlgorithm:
         reward with kappa > 0, not by the default task reward without KL."""
         cfg = self.loop.cfg
         uses_prior = cfg.rl.reward == "log_r" and cfg.reward.kappa > 0
-        return needs_reference(self.objective) or uses_prior
+        return self.objective.uses_reference or uses_prior
 
     def extra_state(self) -> dict[str, Any]:
         return {}
