@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from raptb.adapters.plugins import TASK_GROUP, check_named, load_group_once
 from raptb.core.ports import Score, Task
 from raptb.core.registry import Registry
+from raptb.core.replay import replay_kwargs
 
 # Modules that register the shipped tasks, in the order ``--task`` lists them.
 BUILTIN_TASK_MODULES = (
@@ -61,8 +62,9 @@ class TaskSpec:
             score, log_pterm_stop, prompt), JSON-ready; it may add per-row fields, which then
             reach samples.jsonl.
         headline: keys of the metrics that ``raptb eval`` prints.
-        subm: keyword arguments of ``make_buffer("subm", ...)`` (the paper's SubM column for the
-            task, similarity included).
+        subm: the task's SubM preset, ``[replay]`` options by name (``subm_weights``,
+            ``gating_ratio``, ``similarity``, ``shingle_k``, ...: SubM's options schema in
+            core.replay), the paper's SubM column for the task; validated when registered.
         options: the config section's model (a :class:`TaskOptions`); ``NoOptions`` when none.
         required: option names the task cannot run without (checked when it is the run's task).
         is_correct: success predicate on a terminal score (Acc counts these samples).
@@ -113,7 +115,12 @@ class TaskSpec:
 
 
 def register_task(spec: TaskSpec) -> TaskSpec:
-    """Add ``spec`` to the registry and return it; a name may be registered only once."""
+    """Add ``spec`` to the registry and return it; a name may be registered only once, and its
+    SubM preset must be valid for SubM's options schema (ValueError otherwise)."""
+    try:
+        replay_kwargs("subm", spec.subm)
+    except ValueError as exc:
+        raise ValueError(f"task {spec.name!r}: SubM preset: {exc}") from None
     return TASKS.register(spec)
 
 

@@ -43,10 +43,10 @@ from raptb.app.configuration.sections import (
     SamplingConfig,
     Section,
     TinyConfig,
-    subm_preset,
 )
 from raptb.app.run_dir.durable import write_atomically
 from raptb.app.run_dir.trackers import check_report_to
+from raptb.core.replay import NO_REPLAY
 from raptb.core.schedules import LinearSchedule
 
 DEFAULT_TASK = "expr24"
@@ -165,7 +165,7 @@ class TrainConfig(Section):
     @model_validator(mode="after")
     def _on_policy_without_replay(self) -> TrainConfig:
         loss = self.loss_entry
-        if not loss.replay and self.replay.kind != "none":
+        if not loss.replay and self.replay.kind != NO_REPLAY:
             raise ValueError(f"--loss {self.loss} trains on-policy: it takes replay 'none' only")
         rows = self.optim.batch_size * self.optim.grad_accum
         group = self.rl.num_generations
@@ -259,7 +259,7 @@ def task_presets(task: object) -> dict[str, Any]:
     if not isinstance(task, str) or task not in task_names():
         return {}
     spec = task_spec(task)
-    base = {"eval_samples": spec.eval_samples, "replay": subm_preset(dict(spec.subm))}
+    base = {"eval_samples": spec.eval_samples, "replay": dict(spec.subm)}
     return _merge(base, dict(spec.defaults))
 
 

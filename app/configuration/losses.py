@@ -32,13 +32,14 @@ from raptb.adapters.plugins import check_named, load_group_once, load_objective_
 from raptb.app.configuration.rl import PPO_TEMPERATURE
 from raptb.core.gfn.objectives import OBJECTIVES, Objective
 from raptb.core.registry import Registry
+from raptb.core.replay import NO_REPLAY
 from raptb.core.rl.base import RLObjective
 from raptb.core.rl.grpo import GRPO
 from raptb.core.rl.ppo import PPO
 
 LOSS_GROUP = "raptb.losses"
 GFLOWNET_ALGORITHM = "raptb.app.training.algorithms.gflownet:GFlowNetAlgorithm"
-ON_POLICY: dict[str, Any] = {"replay": {"kind": "none"}}
+ON_POLICY: dict[str, Any] = {"replay": {"kind": NO_REPLAY}}
 """What an RL loss sets under the file and the flags (an explicit replay other than none is an
 error)."""
 

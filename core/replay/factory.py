@@ -8,10 +8,12 @@ kind`` value) and a ``config_kwargs`` classmethod (which ``[replay]`` options it
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from raptb.core.registry import Registry
 from raptb.core.replay.base import ReplayBuffer
+from raptb.core.replay.options import buffer_kwargs
 from raptb.core.replay.oracle import OracleBuffer
 from raptb.core.replay.prt import PrioritizedReplayTraining
 from raptb.core.replay.rp import RewardPrioritizedBuffer
@@ -25,6 +27,13 @@ BUFFERS: Registry[type[ReplayBuffer]] = Registry(
 )
 BUFFER_KINDS = tuple(BUFFERS)
 """The shipped kinds, in the order the docs list them."""
+NO_REPLAY = "none"
+"""The ``[replay] kind`` of a run without a buffer."""
+
+
+def replay_kinds() -> tuple[str, ...]:
+    """Every valid ``[replay] kind``: ``none``, then the registered kinds."""
+    return (NO_REPLAY, *BUFFERS)
 
 
 def register_buffer(cls: type[ReplayBuffer]) -> type[ReplayBuffer]:
@@ -36,6 +45,20 @@ def register_buffer(cls: type[ReplayBuffer]) -> type[ReplayBuffer]:
 def buffer_class(kind: str) -> type[ReplayBuffer]:
     """The registered class of ``kind``; a ValueError lists the kinds otherwise."""
     return BUFFERS.lookup(kind)
+
+
+def replay_kwargs(kind: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate ``options`` (by option name: ``[replay]``'s, a task's SubM preset, the TRL
+    config's) against the options schema of buffer ``kind`` and return its constructor keywords:
+    a name the kind does not declare, or a value the buffer refuses, is a one-line ValueError.
+    None values keep the buffer's defaults."""
+    cls = buffer_class(kind)
+    if cls.oracle and options:
+        raise ValueError(f"replay {kind!r} takes no options; its items come from the task")
+    kwargs = buffer_kwargs(kind, cls.options, options, strict=True)
+    if not cls.oracle:
+        cls(**kwargs)  # the buffer's own checks of the values (cheap: an empty buffer)
+    return kwargs
 
 
 def make_buffer(kind: str, **kwargs: Any) -> ReplayBuffer:

@@ -36,7 +36,7 @@ from raptb.app.training.step import LossResult, Trajectories, roll_out
 from raptb.app.training.step_batch import RowPlan, StepBatch, plan_rows
 from raptb.app.training.train import Trainer
 from raptb.app.training.trainers import make_trainer
-from raptb.core.replay import ReplayItem, make_buffer
+from raptb.core.replay import ReplayItem, make_buffer, replay_kwargs
 
 
 def free_port() -> int:
@@ -206,7 +206,7 @@ def buffers(out: Path) -> None:
     found = {}
     for kind in ("subm", "rp"):
         options = task_spec("expr24").subm if kind == "subm" else {}
-        buffer = make_buffer(kind, capacity=12, **options)
+        buffer = make_buffer(kind, **replay_kwargs(kind, {**options, "capacity": 12}))
         own = np.random.default_rng([ctx.rank, len(kind)])  # differs by rank
         for _ in range(5):
             # the trainer's path: new items travel with the micro-batch's outcome

@@ -67,7 +67,7 @@ class GFlowNetAlgorithm:
         self.objective = cfg.build_objective()
         self.mix = MixSchedule(cfg, cfg.schedule_horizon)
         self.buffer = build_buffer(cfg, loop.task, loop.policy, loop.scorer)
-        self.oracle = self.buffer if cfg.replay.kind == "oracle" else None
+        self.oracle = self.buffer if self.buffer is not None and self.buffer.oracle else None
 
     # --- what the loop reads -------------------------------------------------------------------
 
