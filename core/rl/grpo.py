@@ -48,7 +48,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from raptb.core.gfn.objectives import check_range, stop_gradient
+from raptb.core.autograd import stop_gradient
+from raptb.core.checks import check_range
 from raptb.core.rl.advantages import (
     SCALE_REWARDS,
     ScaleRewards,

@@ -35,7 +35,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from raptb.core.gfn.objectives import check_range, stop_gradient
+from raptb.core.autograd import stop_gradient
+from raptb.core.checks import check_range
 from raptb.core.rl.advantages import (
     KL_ESTIMATORS,
     KLEstimator,

@@ -14,7 +14,7 @@ from raptb.app.runtime import build_policy, pad_rows
 from raptb.app.training.mix_schedule import Mix
 from raptb.app.training.prefix_reward import PrefixScorer
 from raptb.app.training.replay_items import new_items, replay_items
-from raptb.app.training.step import reward, roll_out
+from raptb.app.training.step import reward, sample_trajectories
 from raptb.app.training.step_batch import (
     ORACLE,
     REPLAYED,
@@ -55,7 +55,9 @@ def test_micro_batches_cut_the_rows_in_order(sizes: list[int], size: int) -> Non
 
 def _buffer_with_items(setup):
     task, policy, scorer = setup
-    batch = roll_out(policy, task, task.prompts()[0], 8, 1.0, torch.Generator().manual_seed(0))
+    batch = sample_trajectories(
+        policy, task, task.prompts()[0], 8, 1.0, torch.Generator().manual_seed(0)
+    )
     buffer = make_buffer("rp", capacity=50)
     buffer.add(new_items(task, batch, reward(scorer, policy, batch, kappa=0.0)))
     return buffer

@@ -36,7 +36,7 @@ class GRPOAlgorithm(RLAlgorithm):
         loop.policy.model.train()
         loop.optimizer.zero_grad(set_to_none=True)
         start = time.perf_counter()
-        rollout = self._roll_out()
+        rollout = self._on_policy_rows()
         terminal = torch.cat(rollout.terminal)
         actions = int(sum(int(piece.length.sum()) + len(piece.rows) for piece in rollout.pieces))
         # one gather: every process's rewards (rank order = row order) and action count

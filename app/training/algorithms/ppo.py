@@ -70,7 +70,7 @@ class PPOAlgorithm(RLAlgorithm):
         loop.policy.model.train()
         value_head.train()
         start = time.perf_counter()
-        rollout = self._roll_out()
+        rollout = self._on_policy_rows()
         # the step's rollout over all processes: what the record and unique_correct count
         seen = combine_micro_batch(
             loop.dist,

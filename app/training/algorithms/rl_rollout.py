@@ -28,7 +28,7 @@ from raptb.core.rl.base import RLObjective
 
 
 @dataclass(frozen=True)
-class Rollout:
+class OnPolicyRows:
     """The step's rows on this process: pieces of one prompt each (app.training.step_batch), the
     terminal reward [b] of each piece's rows, and the successful on-policy texts."""
 
@@ -79,7 +79,7 @@ def on_policy_mix(temperature: float) -> Mix:
     )
 
 
-def roll_out(loop: Loop) -> Rollout:
+def on_policy_rows(loop: Loop) -> OnPolicyRows:
     """This process's share of the step's rows (one rollout), their task rewards and the
     terminal reward each row is judged by."""
     cfg = loop.cfg
@@ -95,7 +95,7 @@ def roll_out(loop: Loop) -> Rollout:
         rewards = reward(loop.scorer, loop.policy, piece, kappa, weights.scale)
         correct += correct_texts(loop.task, piece, rewards, loop.spec)
         terminal.append(sequence_rewards(rewards, piece.length, cfg.rl.reward))
-    return Rollout(step.pieces, tuple(terminal), correct)
+    return OnPolicyRows(step.pieces, tuple(terminal), correct)
 
 
 class RLAlgorithm:
@@ -129,8 +129,8 @@ class RLAlgorithm:
     def load_run_state(self, state: dict[str, Any]) -> None:
         """Nothing to restore."""
 
-    def _roll_out(self) -> Rollout:
-        return roll_out(self.loop)
+    def _on_policy_rows(self) -> OnPolicyRows:
+        return on_policy_rows(self.loop)
 
 
 def rl_record(
