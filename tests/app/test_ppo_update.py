@@ -66,7 +66,7 @@ def test_one_epoch_one_mini_batch_is_the_single_pass_step(tmp_path, grad_accum):
     if grad_accum > 1:
         # the single pass whitens each micro-batch's advantages, the schedule the whole step's:
         # without whitening the two must agree, micro-batch offsets and weights included
-        unwhitened = PPO(**{**cfg.rl_objective_kwargs(), "whiten_advantages": False})
+        unwhitened = PPO(**{**cfg.objective_kwargs(), "whiten_advantages": False})
         scheduled.algorithm.objective = single.algorithm.objective = unwhitened
     scheduled.train()
     single.train()
