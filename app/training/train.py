@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,9 +37,11 @@ from raptb.app.run_dir.run_log import cut_log, log_path
 from raptb.app.run_dir.trackers import Trackers
 from raptb.app.runtime import build_policy, build_task
 from raptb.app.training.algorithm import Algorithm
+from raptb.app.training.micro_batch import MicroBatchTotals, combine_micro_batch, step_result
 from raptb.app.training.prefix_reward import PrefixScorer
 from raptb.app.training.reward_calls import RewardCaller
 from raptb.app.training.reward_schedule import RewardSchedule
+from raptb.app.training.step import LossResult, Trajectories
 from raptb.app.training.step_batch import step_prompts
 from raptb.app.training.stop_request import StopRequest
 from raptb.app.training.train_progress import bar_fields, progress_bar
@@ -48,6 +51,7 @@ from raptb.app.training.train_state import (
     save_trainer_state,
 )
 from raptb.app.training.training_error import TrainingError
+from raptb.core.replay import ReplayItem
 
 __all__ = ["TrainResult", "Trainer", "TrainingError"]
 
@@ -178,6 +182,51 @@ class Trainer:
     def _optimizer_step(self) -> dict[str, Any] | None:
         """One logged step: the algorithm's (None when it skipped the update)."""
         return self.algorithm.optimizer_step()
+
+    def accumulate(
+        self,
+        batches: Sequence[Sequence[tuple[Trajectories, Any]]],
+        loss: Callable[[Sequence[tuple[Trajectories, Any]], slice], LossResult | None],
+        *,
+        correct: Sequence[str],
+        on_policy: int,
+        items: Sequence[ReplayItem] = (),
+        rewards: Sequence[float] = (),
+    ) -> MicroBatchTotals | None:
+        """The skeleton of an optimizer step over micro-batches, which the algorithms share.
+
+        ``loss(parts, rows)`` backpropagates micro-batch ``parts`` (pieces of rows with what the
+        algorithm scored them by; this rank's rows ``rows`` of the step) with its weight in the
+        step and returns its LossResult, or None when it is not finite (the micro-batches after
+        it are skipped). Every rank's outcome is combined (loss and diagnostics weighted by rows,
+        ``correct`` texts, ``on_policy`` rows, new replay ``items``, ``rewards``;
+        app.training.micro_batch) and the successful texts counted; then the gradients are
+        applied and the totals returned, or, when a loss was not finite on some rank, dropped:
+        None, every rank skipping the step together."""
+        results: list[tuple[int, LossResult]] = []
+        first = 0
+        for parts in batches:
+            size = sum(len(batch.rows) for batch, _ in parts)
+            result = loss(parts, slice(first, first + size))
+            first += size
+            if result is None:
+                break
+            results.append((size, result))
+        finite = len(results) == len(batches)
+        totals = combine_micro_batch(
+            self.dist,
+            step_result(results) if finite else None,
+            correct,
+            on_policy,
+            items,
+            rewards,
+        )
+        self.correct_seen.update(totals.correct)
+        if not totals.finite:
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+        self.apply_gradients()
+        return totals
 
     def apply_gradients(self) -> None:
         """The accumulated gradients averaged over ranks, clipped, and one optimizer step."""

@@ -29,7 +29,7 @@ import torch
 
 from raptb.adapters.policy import to_prefix_batch
 from raptb.app.training.algorithm import Loop
-from raptb.app.training.micro_batch import MicroBatchTotals, combine_micro_batch, step_result
+from raptb.app.training.micro_batch import MicroBatchTotals
 from raptb.app.training.mix_schedule import MixSchedule
 from raptb.app.training.replay_items import new_items
 from raptb.app.training.replay_setup import build_buffer
@@ -136,23 +136,13 @@ class GFlowNetAlgorithm:
             for parts in micro_batches([len(p.rows) for p in step.pieces], loop.rank_batch)
         ]
         held = self._held_kwargs(batches)
-        results: list[tuple[int, LossResult]] = []
-        for parts in batches:
-            size = sum(len(batch.rows) for batch, _ in parts)
-            result = loss_step(
-                loop.policy,
-                self.objective,
-                self.log_z,
-                parts,
-                loop.step,
-                size / step.rows,
-                agree=agree,
-                **held,
+
+        def loss(parts: list[tuple[Trajectories, Rewards]], rows: slice) -> LossResult | None:
+            weight = (rows.stop - rows.start) / step.rows  # its share of the step's rows
+            return loss_step(
+                loop.policy, self.objective, self.log_z, parts, loop.step, weight, agree, **held
             )
-            if result is None:
-                break
-            results.append((size, result))
-        finite = len(results) == len(batches)
+
         replays = self.buffer is not None and self.oracle is None
         items = [
             item
@@ -161,16 +151,11 @@ class GFlowNetAlgorithm:
             for item in new_items(loop.task, piece, rewards, loop.spec)
         ]
         on_policy = sum(len(piece.on_policy) for piece in step.pieces)
-        totals = combine_micro_batch(
-            loop.dist, step_result(results) if finite else None, correct, on_policy, items
-        )
-        loop.correct_seen.update(totals.correct)
-        if not totals.finite:
-            loop.optimizer.zero_grad(set_to_none=True)
+        totals = loop.accumulate(batches, loss, correct=correct, on_policy=on_policy, items=items)
+        if totals is None:
             return None  # every rank skips the step together
         if self.buffer is not None and totals.items:
             self.buffer.add(totals.items)
-        loop.apply_gradients()
         return self._step_record(totals, step.plan, time.perf_counter() - start)
 
     def _held_kwargs(self, batches: list[list[tuple[Trajectories, Rewards]]]) -> dict[str, Any]:
