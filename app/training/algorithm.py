@@ -17,7 +17,7 @@ points).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,10 +28,9 @@ from raptb.adapters.policy import HFPolicy
 from raptb.adapters.registry import TaskSpec
 from raptb.app.configuration.config import TrainConfig
 from raptb.app.distribution.distributed import DistContext
-from raptb.app.training.micro_batch import MicroBatchTotals
+from raptb.app.training.micro_batch import MicroBatch, MicroBatchLoss, MicroBatchTotals
 from raptb.app.training.prefix_reward import PrefixScorer
 from raptb.app.training.reward_schedule import RewardSchedule
-from raptb.app.training.step import LossResult, Trajectories
 from raptb.core.ports import Task
 from raptb.core.replay import ReplayItem
 
@@ -61,8 +60,8 @@ class Loop(Protocol):
 
     def accumulate(
         self,
-        batches: Sequence[Sequence[tuple[Trajectories, Any]]],
-        loss: Callable[[Sequence[tuple[Trajectories, Any]], slice], LossResult | None],
+        batches: Sequence[MicroBatch],
+        loss: MicroBatchLoss,
         *,
         correct: Sequence[str],
         on_policy: int,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,11 +37,17 @@ from raptb.app.run_dir.run_log import cut_log, log_path
 from raptb.app.run_dir.trackers import Trackers
 from raptb.app.runtime import build_policy, build_task
 from raptb.app.training.algorithm import Algorithm
-from raptb.app.training.micro_batch import MicroBatchTotals, combine_micro_batch, step_result
+from raptb.app.training.micro_batch import (
+    MicroBatch,
+    MicroBatchLoss,
+    MicroBatchTotals,
+    combine_micro_batch,
+    step_result,
+)
 from raptb.app.training.prefix_reward import PrefixScorer
 from raptb.app.training.reward_calls import RewardCaller
 from raptb.app.training.reward_schedule import RewardSchedule
-from raptb.app.training.step import LossResult, Trajectories
+from raptb.app.training.step import LossResult
 from raptb.app.training.step_batch import step_prompts
 from raptb.app.training.stop_request import StopRequest
 from raptb.app.training.train_progress import bar_fields, progress_bar
@@ -185,8 +191,8 @@ class Trainer:
 
     def accumulate(
         self,
-        batches: Sequence[Sequence[tuple[Trajectories, Any]]],
-        loss: Callable[[Sequence[tuple[Trajectories, Any]], slice], LossResult | None],
+        batches: Sequence[MicroBatch],
+        loss: MicroBatchLoss,
         *,
         correct: Sequence[str],
         on_policy: int,
