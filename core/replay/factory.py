@@ -47,15 +47,16 @@ def buffer_class(kind: str) -> type[ReplayBuffer]:
     return BUFFERS.lookup(kind)
 
 
-def replay_kwargs(kind: str, options: Mapping[str, Any]) -> dict[str, Any]:
+def replay_kwargs(kind: str, options: Mapping[str, Any], *, strict: bool = True) -> dict[str, Any]:
     """Validate ``options`` (by option name: ``[replay]``'s, a task's SubM preset, the TRL
     config's) against the options schema of buffer ``kind`` and return its constructor keywords:
-    a name the kind does not declare, or a value the buffer refuses, is a one-line ValueError.
-    None values keep the buffer's defaults."""
+    a value the buffer refuses is a one-line ValueError, and so is a name the kind does not
+    declare when ``strict`` (without, such names are ignored: a config holding every kind's
+    options, as the TRL config does, passes them all). None values keep the buffer's defaults."""
     cls = buffer_class(kind)
-    if cls.oracle and options:
+    if cls.oracle and strict and options:
         raise ValueError(f"replay {kind!r} takes no options; its items come from the task")
-    kwargs = buffer_kwargs(kind, cls.options, options, strict=True)
+    kwargs = buffer_kwargs(kind, cls.options, options, strict=strict)
     if not cls.oracle:
         cls(**kwargs)  # the buffer's own checks of the values (cheap: an empty buffer)
     return kwargs

@@ -46,6 +46,11 @@ def test_options_become_the_constructor_keywords_in_one_direction():
         "tolerance": 0.1,
         "beta": 0.5,
     }
+    # a config holding every kind's options (the TRL config) passes them all, not strictly
+    every = {"capacity": 5, "rp_tolerance": 0.1, "shingle_k": 3}
+    assert replay_kwargs("rp", every, strict=False) == {"capacity": 5, "tolerance": 0.1}
+    with pytest.raises(ValueError, match="does not take shingle_k"):
+        replay_kwargs("rp", every)
 
 
 @pytest.mark.parametrize(
