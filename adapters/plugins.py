@@ -75,6 +75,15 @@ def load_group(group: str, check: Callable[[EntryPoint, Any], None]) -> None:
             raise PluginError(f"{_describe(group, point)}: {exc}") from None
 
 
+def check_named(point: EntryPoint, loaded: Any, expected: type, label: str) -> None:
+    """ValueError unless ``loaded`` is an instance of ``expected`` (a ``label``, e.g. "TaskSpec")
+    whose ``name`` is the entry point's."""
+    if not isinstance(loaded, expected):
+        raise ValueError(f"must name a {label}, found {type(loaded).__name__}")
+    if loaded.name != point.name:
+        raise ValueError(f"the {label}'s name {loaded.name!r} differs from the entry point's")
+
+
 def _register_objective(point: EntryPoint, cls: Any) -> None:
     if not (isinstance(cls, type) and issubclass(cls, Objective)):
         raise ValueError("must name a subclass of raptb.core.gfn.objectives.Objective")

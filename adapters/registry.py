@@ -21,8 +21,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from raptb.adapters.plugins import TASK_GROUP, load_group_once
+from raptb.adapters.plugins import TASK_GROUP, check_named, load_group_once
 from raptb.core.ports import Score, Task
+from raptb.core.registry import Registry
+from raptb.core.replay import replay_kwargs
 
 # Modules that register the shipped tasks, in the order ``--task`` lists them.
 BUILTIN_TASK_MODULES = (
@@ -60,8 +62,9 @@ class TaskSpec:
             score, log_pterm_stop, prompt), JSON-ready; it may add per-row fields, which then
             reach samples.jsonl.
         headline: keys of the metrics that ``raptb eval`` prints.
-        subm: keyword arguments of ``make_buffer("subm", ...)`` (the paper's SubM column for the
-            task, similarity included).
+        subm: the task's SubM preset, ``[replay]`` options by name (``subm_weights``,
+            ``gating_ratio``, ``similarity``, ``shingle_k``, ...: SubM's options schema in
+            core.replay), the paper's SubM column for the task; validated when registered.
         options: the config section's model (a :class:`TaskOptions`); ``NoOptions`` when none.
         required: option names the task cannot run without (checked when it is the run's task).
         is_correct: success predicate on a terminal score (Acc counts these samples).
@@ -111,19 +114,17 @@ class TaskSpec:
         return self.solutions is not None
 
 
-_SPECS: dict[str, TaskSpec] = {}
-_builtins_loaded = False
-
-
 def register_task(spec: TaskSpec) -> TaskSpec:
-    """Add ``spec`` to the registry and return it; a name may be registered only once."""
-    if not spec.name.isidentifier():
-        raise ValueError(f"task name must be an identifier (a config section), got {spec.name!r}")
-    known = _SPECS.get(spec.name)
-    if known is not None and known is not spec:
-        raise ValueError(f"task {spec.name!r} is already registered")
-    _SPECS[spec.name] = spec
-    return spec
+    """Add ``spec`` to the registry and return it; a name may be registered only once, and its
+    SubM preset must be valid for SubM's options schema (ValueError otherwise)."""
+    try:
+        replay_kwargs("subm", spec.subm)
+    except ValueError as exc:
+        raise ValueError(f"task {spec.name!r}: SubM preset: {exc}") from None
+    return TASKS.register(spec)
+
+
+_builtins_loaded = False
 
 
 def _load_builtins() -> None:
@@ -137,23 +138,19 @@ def _load_builtins() -> None:
 
 def _register_plugin_task(point: EntryPoint, spec: Any) -> None:
     """Register the TaskSpec an entry point of ``raptb.tasks`` names (adapters.plugins)."""
-    if not isinstance(spec, TaskSpec):
-        raise ValueError(f"must name a TaskSpec, found {type(spec).__name__}")
-    if spec.name != point.name:
-        raise ValueError(f"the spec's name {spec.name!r} differs from the entry point's")
+    check_named(point, spec, TaskSpec, "TaskSpec")
     register_task(spec)
+
+
+TASKS: Registry[TaskSpec] = Registry("task", lambda spec: spec.name, load=_load_builtins)
+"""The tasks by name (built-in ones first, in registration order); the first read loads them."""
 
 
 def task_names() -> tuple[str, ...]:
     """Names of the registered tasks (built-in ones first, in registration order)."""
-    _load_builtins()
-    return tuple(_SPECS)
+    return TASKS.names()
 
 
 def task_spec(name: str) -> TaskSpec:
     """The spec of task ``name``; a ValueError lists the valid names when it is unknown."""
-    _load_builtins()
-    try:
-        return _SPECS[name]
-    except KeyError:
-        raise ValueError(f"unknown task {name!r}; valid choices: {', '.join(_SPECS)}") from None
+    return TASKS.lookup(name)

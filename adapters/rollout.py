@@ -26,6 +26,7 @@ from typing import Protocol
 import torch
 
 from raptb.adapters.grammar import unpack_bitmask
+from raptb.adapters.kv_cache import cache_keyword, returned_cache
 from raptb.adapters.rollout_record import Rollout, RolloutTimings, row_temperatures, token_log_probs
 from raptb.adapters.row_prompts import check_rollout_shape, left_padded, row_prompt_ids
 from raptb.adapters.static_decode import DecodingPolicy, static_rollout
@@ -94,6 +95,7 @@ def sample_rollout(
     free_mask = torch.ones(n, num_legal + 1, dtype=torch.bool, device=device)
 
     was_training = policy.model.training
+    cache = cache_keyword(policy.model)
     policy.model.eval()
     try:
         tic = time.perf_counter()
@@ -169,8 +171,8 @@ def sample_rollout(
                 input_ids=step_tokens[:, None],
                 attention_mask=attention[:, : width + k + 1],
                 position_ids=next_position + k,
-                past_key_values=out.past_key_values,
                 use_cache=True,
+                **{cache: returned_cache(out, cache)},
             )
             model_s += time.perf_counter() - tic
     finally:

@@ -42,6 +42,7 @@ import torch
 from transformers import StaticCache
 
 from raptb.adapters.grammar import GrammarBatch, packed_width, unpack_bitmask
+from raptb.adapters.kv_cache import cache_keyword
 from raptb.adapters.rollout_record import Rollout, RolloutTimings, row_temperatures, token_log_probs
 from raptb.adapters.row_prompts import check_rollout_shape, row_prompt_ids
 
@@ -118,6 +119,7 @@ class StaticDecoder:
         self.sub_ids, self.stop_id, self.pad_id = sub_ids, stop_id, pad_id
         width = len(sub_ids)
         self.cache = StaticCache(config=model.config, max_cache_len=prompt_len + max_length)
+        self.cache_keyword = cache_keyword(model)
         self.attention = torch.ones(rows, prompt_len + max_length, dtype=torch.long, device=device)
         self.input_ids = torch.full((rows, 1), pad_id, dtype=torch.long, device=device)
         self.position_ids = torch.zeros(rows, 1, dtype=torch.long, device=device)
@@ -166,7 +168,7 @@ class StaticDecoder:
             input_ids=ids.to(device),
             attention_mask=self.attention,
             position_ids=positions.to(device),
-            past_key_values=self.cache,
+            **{self.cache_keyword: self.cache},
             use_cache=True,
         )
         if self.logits is None:
@@ -225,7 +227,7 @@ class StaticDecoder:
             input_ids=self.input_ids,
             attention_mask=self.attention,
             position_ids=self.position_ids,
-            past_key_values=self.cache,
+            **{self.cache_keyword: self.cache},
             use_cache=True,
         )
         self.logits.copy_(out.logits[:, -1, :])

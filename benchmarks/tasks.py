@@ -42,7 +42,7 @@ from train_step import STEP_PARTS, timed_optimizer_step
 from raptb.app.configuration.config import build_config
 from raptb.app.runtime import build_task
 from raptb.app.training.prefix_reward import PrefixScorer
-from raptb.app.training.step import roll_out
+from raptb.app.training.step import sample_trajectories
 from raptb.app.training.train import Trainer
 
 TASKS = ("expr24", "smiles", "commongen", "amp")
@@ -72,7 +72,7 @@ def reward_seconds_per_text(trainer: Trainer, prompts: int) -> tuple[float, int]
     scorer = PrefixScorer(fresh, policy, cfg.reward.reward_scale)
     for prompt in trainer.task.prompts()[:prompts]:
         with torch.no_grad():
-            batch = roll_out(
+            batch = sample_trajectories(
                 policy, trainer.task, prompt, cfg.optim.batch_size, 1.0, trainer.generator
             )
         texts = list(dict.fromkeys(batch.texts))

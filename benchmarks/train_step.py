@@ -56,7 +56,7 @@ from raptb.adapters.policy import HFPolicy
 from raptb.app.configuration.config import build_config
 from raptb.app.training.mix_schedule import Mix
 from raptb.app.training.replay_items import new_items
-from raptb.app.training.step import loss_step, reward, roll_out
+from raptb.app.training.step import loss_step, reward, sample_trajectories
 from raptb.app.training.step_batch import collect_step, micro_batches, plan_rows
 from raptb.app.training.train import Trainer
 
@@ -428,7 +428,7 @@ def micro_batch_main(args: argparse.Namespace) -> None:
     }
     for _ in range(args.micro_batches):
         start = time.perf_counter()
-        batch = roll_out(policy, task, prompt, n, 1.0, trainer.generator)
+        batch = sample_trajectories(policy, task, prompt, n, 1.0, trainer.generator)
         t_collect = time.perf_counter()
         rewards = reward(trainer.scorer, policy, batch, cfg.reward.kappa)
         t_reward = time.perf_counter()

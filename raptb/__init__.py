@@ -3,10 +3,10 @@
 The stable names are re-exported here and imported on first use (PEP 562), so that
 ``import raptb.core...`` stays free of torch and the other frameworks:
 
-    from raptb import objective_by_name, PrefixBatch, subm_select, make_trainer, Trainer
+    from raptb import objective_by_name, PrefixBatch, subm_select, Trainer
 
-``Trainer(config, run_dir)`` and ``make_trainer(config, run_dir)`` train any ``loss`` (the
-GFlowNet objectives, grpo, ppo; ``RLTrainer`` is a deprecated name for ``Trainer``).
+``Trainer(config, run_dir)`` trains any ``loss`` (the GFlowNet objectives, grpo, ppo, a
+plug-in's); ``make_trainer`` and ``RLTrainer`` are deprecated names for it, which warn.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The package's module import graph has no cycle (architecture.md: each concept in a module
+"""The package's module import graph has no cycle (docs/layout.md: each concept in a module
 named for it, dependencies pointing one way).
 
 Every import counts, wherever it is: module level, inside a function, under ``if

@@ -1,4 +1,4 @@
-"""Import rules of architecture.md: core/ never imports a framework or an outer layer."""
+"""Import rules of docs/layout.md: core/ never imports a framework or an outer layer."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_adapters_never_import_app():
 
 
 def test_app_never_imports_an_integration():
-    # integrations are edges beside app (architecture.md); app stays free of their extras
+    # integrations are edges beside app (docs/layout.md); app stays free of their extras
     assert violations("app", {"raptb.integrations"}) == []
 
 

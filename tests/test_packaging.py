@@ -17,5 +17,14 @@ def test_every_package_folder_is_in_the_wheel() -> None:
         for init in (ROOT / folder).rglob("__init__.py"):
             parts = init.parent.relative_to(ROOT / folder).parts
             found.add(".".join((name, *parts)))
+    data_only = set(setup["package-data"])  # data folders, declared as packages with their files
     assert found - listed == set(), "packages missing from pyproject.toml"
-    assert listed - found == set(), "listed packages with no folder"
+    assert listed - found == data_only - found, "listed packages with no folder"
+    for package in data_only - found:
+        assert _folder(setup["package-dir"], package).is_dir(), package
+
+
+def _folder(package_dir: dict[str, str], package: str) -> Path:
+    """The source folder of ``package`` under the longest mapped prefix of ``package_dir``."""
+    prefix = max((p for p in package_dir if package.startswith(f"{p}.")), key=len)
+    return ROOT / package_dir[prefix] / Path(*package[len(prefix) + 1 :].split("."))

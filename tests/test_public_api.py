@@ -47,14 +47,15 @@ def test_core_names_load_no_framework():
 
 
 @pytest.mark.parametrize("loss", ["grpo", "ppo", "raptb"])
-def test_trainer_and_make_trainer_train_any_loss(tmp_path, loss):
+def test_trainer_trains_any_loss_and_the_old_names_warn(tmp_path, loss):
     small = {"optim.batch_size": 8, "optim.grad_accum": 1, "threads": 1, "steps": 2}
     config = raptb.build_config(overrides={"loss": loss, **small})
     direct = raptb.Trainer(config, tmp_path / "direct", progress=False)
     assert direct.train().step == 2
-    made = raptb.make_trainer(config, tmp_path / "made", progress=False)
-    assert type(made) is raptb.Trainer and made.train().step == 2
     assert (tmp_path / "direct" / "metrics.jsonl").read_text().count("\n") == 2
+    with pytest.warns(DeprecationWarning, match="Trainer.config, run_dir, .... trains every loss"):
+        made = raptb.make_trainer(config, tmp_path / "made", progress=False)
+    assert type(made) is raptb.Trainer and made.train().step == 2
     if loss != "raptb":  # the deprecated name still trains
         with pytest.warns(DeprecationWarning, match="Trainer trains every loss"):
             old = raptb.RLTrainer(config, tmp_path / "old", progress=False)

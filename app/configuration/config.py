@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import tomllib
+from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,15 +30,9 @@ from pydantic import (
     model_validator,
 )
 
-from raptb.adapters.plugins import objective_names
 from raptb.adapters.registry import TaskOptions, task_names, task_spec
-from raptb.app.configuration.rl import (
-    CISPO_EPSILON_HIGH,
-    RL_LOSS_PRESETS,
-    RL_LOSSES,
-    RL_PRESET,
-    RLConfig,
-)
+from raptb.app.configuration.losses import Loss, loss_entry, loss_names
+from raptb.app.configuration.rl import RLConfig
 from raptb.app.configuration.sections import (
     DistributedConfig,
     LoraConfig,
@@ -48,21 +43,16 @@ from raptb.app.configuration.sections import (
     SamplingConfig,
     Section,
     TinyConfig,
-    subm_preset,
 )
 from raptb.app.run_dir.durable import write_atomically
 from raptb.app.run_dir.trackers import check_report_to
-from raptb.core.gfn.objectives import objective_hyperparameters
-from raptb.core.rl.objectives import rl_objective_hyperparameters
+from raptb.core.replay import NO_REPLAY
 from raptb.core.schedules import LinearSchedule
 
 DEFAULT_TASK = "expr24"
+DEFAULT_LOSS = "raptb"
 
-
-def loss_names() -> tuple[str, ...]:
-    """Every valid ``loss``: the GFlowNet objectives (built-in, then the plug-ins' of the
-    ``raptb.objectives`` entry points), then the RL baselines."""
-    return (*objective_names(), *RL_LOSSES)
+__all__ = ["ConfigError", "TrainConfig", "build_config", "loss_names"]
 
 
 class TrainConfig(Section):
@@ -74,7 +64,7 @@ class TrainConfig(Section):
         DEFAULT_TASK, description="Task: a name in the task registry (adapters.registry)."
     )
     loss: str = Field(
-        "raptb",
+        DEFAULT_LOSS,
         description="Objective: tb, subtb, raptb, avg_prefix_tb, root_subtb_logz, vargrad (or "
         "a plug-in's, adapters.plugins); or the RL baselines grpo, ppo ([rl] section).",
     )
@@ -174,13 +164,20 @@ class TrainConfig(Section):
         """Evaluation samples N: ``eval_samples``, else the task's default."""
         return self.eval_samples or task_spec(self.task).eval_samples
 
+    @property
+    def loss_entry(self) -> Loss:
+        """The registry entry of the run's ``loss`` (its objective and algorithm)."""
+        return loss_entry(self.loss)
+
     @model_validator(mode="after")
-    def _rl_without_replay(self) -> TrainConfig:
-        if self.loss in RL_LOSSES and self.replay.kind != "none":
+    def _on_policy_without_replay(self) -> TrainConfig:
+        loss = self.loss_entry
+        if not loss.replay and self.replay.kind != NO_REPLAY:
             raise ValueError(f"--loss {self.loss} trains on-policy: it takes replay 'none' only")
         rows = self.optim.batch_size * self.optim.grad_accum
         group = self.rl.num_generations
-        if self.loss == "grpo" and (rows % group or self.optim.rows_per_prompt % group):
+        grouped = getattr(loss.objective, "grouped", False)
+        if grouped and (rows % group or self.optim.rows_per_prompt % group):
             raise ValueError(
                 f"batch_size x grad_accum {rows} and rows_per_prompt "
                 f"{self.optim.rows_per_prompt} must each be a multiple of rl.num_generations "
@@ -188,21 +185,22 @@ class TrainConfig(Section):
             )
         return self
 
-    def rl_objective_kwargs(self) -> dict[str, Any]:
-        """Hyperparameters for ``rl_objective_by_name(self.loss, ...)``: only those it takes."""
-        values = self.rl.model_dump()
-        if values["loss_type"] == "cispo" and values["epsilon_high"] is None:
-            values["epsilon_high"] = CISPO_EPSILON_HIGH
-        taken = rl_objective_hyperparameters(self.loss)
-        return {k: v for k, v in values.items() if k in taken}
-
     def objective_kwargs(self) -> dict[str, Any]:
-        """Hyperparameters for ``objective_by_name(self.loss, ...)``: only those it takes."""
+        """Hyperparameters of the run's objective, from the section its loss reads: the
+        ``[rl]`` values its class takes (``RLObjective.config_kwargs``), or the ``[objective]``
+        values it takes, None ones left to its own default."""
+        loss = self.loss_entry
+        if loss.section == "rl":
+            return loss.objective.config_kwargs(self.rl.model_dump())  # type: ignore[union-attr]
         values = self.objective.model_dump()
         start, end = values.pop("k_min")
         values["k_min"] = LinearSchedule(start, end, self.schedule_horizon, integer=True)
-        taken = objective_hyperparameters(self.loss)
+        taken = {f.name for f in fields(loss.objective)}
         return {k: v for k, v in values.items() if k in taken and v is not None}
+
+    def build_objective(self) -> Any:
+        """The run's objective, built from :meth:`objective_kwargs`."""
+        return self.loss_entry.objective(**self.objective_kwargs())
 
 
 @functools.cache
@@ -283,7 +281,7 @@ def task_presets(task: object) -> dict[str, Any]:
     if not isinstance(task, str) or task not in task_names():
         return {}
     spec = task_spec(task)
-    base = {"eval_samples": spec.eval_samples, "replay": subm_preset(dict(spec.subm))}
+    base = {"eval_samples": spec.eval_samples, "replay": dict(spec.subm)}
     return _merge(base, dict(spec.defaults))
 
 
@@ -315,10 +313,13 @@ def build_config(file: Path | None = None, overrides: dict[str, Any] | None = No
         data = _merge(PRETRAINED_PRESET, data)
     else:
         data = _merge(TINY_PRESET, data)
-        if not chosen_split and data.get("loss") not in RL_LOSSES:
-            data = _one_micro_batch(data)
-    if data.get("loss") in RL_LOSSES:
-        data = _merge(_merge(RL_PRESET, RL_LOSS_PRESETS.get(data["loss"], {})), data)
+    loss = data.get("loss", DEFAULT_LOSS)
+    known = isinstance(loss, str) and loss in loss_names()
+    if known:
+        data = _merge(dict(loss_entry(loss).presets), data)
+    gflownet = known and loss_entry(loss).section == "objective"
+    if data.get("model", "tiny") == "tiny" and gflownet and not chosen_split:
+        data = _one_micro_batch(data)
     try:
         return config_model().model_validate(data)
     except ValidationError as exc:

@@ -19,14 +19,13 @@ from pydantic.fields import FieldInfo
 from raptb.adapters.registry import task_names, task_spec
 from raptb.app.configuration.config import (
     PRETRAINED_PRESET,
-    RL_LOSS_PRESETS,
-    RL_PRESET,
     TINY_PRESET,
     TrainConfig,
     build_config,
     config_toml,
     task_presets,
 )
+from raptb.app.configuration.losses import LOSSES
 
 TABLE_START = "<!-- config-reference:start -->"
 TABLE_END = "<!-- config-reference:end -->"
@@ -92,8 +91,12 @@ def default_text(path: str, tasks: Sequence[str] | None = None) -> str | None:
     presets = [(name, _lookup(task_presets(name), path)) for name in names]
     presets.append(("pretrained models", _lookup(PRETRAINED_PRESET, path)))
     presets.append(("embedded tiny model", _lookup(TINY_PRESET, path)))
-    presets.append(("grpo, ppo", _lookup(RL_PRESET, path)))
-    presets.extend((loss, _lookup(preset, path)) for loss, preset in RL_LOSS_PRESETS.items())
+    by_value: dict[str, tuple[Any, list[str]]] = {}  # losses setting one value share an entry
+    for loss in LOSSES.values():
+        value = _lookup(dict(loss.presets), path)
+        if value is not None:
+            by_value.setdefault(_format(value), (value, []))[1].append(loss.name)
+    presets.extend((", ".join(names), value) for value, names in by_value.values())
     changed = [f"{name}: {_format(v)}" for name, v in presets if v is not None and v != default]
     if default is None and not changed:
         return None

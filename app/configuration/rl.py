@@ -1,6 +1,7 @@
 """The ``[rl]`` section of a run's configuration: the reward-maximising baselines PPO and GRPO
 (``--loss ppo|grpo``, app.training.algorithms.grpo and .ppo) with TRL's names, their defaults read
-from core's GRPO and PPO dataclasses so that each is written once.
+from core's GRPO and PPO dataclasses so that each is written once. What each RL loss sets under the
+file and the flags is its entry's in app.configuration.losses.
 """
 
 from __future__ import annotations
@@ -12,25 +13,13 @@ from pydantic import Field
 
 from raptb.app.configuration.sections import Section, core_default
 from raptb.core.rl.grpo import GRPO
-from raptb.core.rl.objectives import RL_OBJECTIVES
 from raptb.core.rl.ppo import PPO
 
-RL_LOSSES = tuple(RL_OBJECTIVES)
-"""The reward-maximising baselines (app.training.algorithms.grpo and .ppo), core.rl.objectives'
-registry: no logZ, no replay, rollouts at ``rl.temperature``."""
-RL_PRESET: dict[str, Any] = {"replay": {"kind": "none"}}
-"""What an RL loss sets under the file and the flags (an explicit replay other than none is an
-error)."""
 # The sampling temperature's default per method, TRL's: GRPOConfig.temperature 1.0 (TRL 1.16,
 # trl/trainer/grpo_config.py), PPOConfig.temperature 0.7 (TRL 1.12,
 # trl/experimental/ppo/ppo_config.py); the field's default is GRPO's, PPO's is its preset
 GRPO_TEMPERATURE = 1.0
 PPO_TEMPERATURE = 0.7
-RL_LOSS_PRESETS: dict[str, dict[str, Any]] = {"ppo": {"rl": {"temperature": PPO_TEMPERATURE}}}
-"""What one RL loss sets under the file and the flags, beside ``RL_PRESET``."""
-# CISPO's upper clip of the importance weight when epsilon_high is not given: ScaleRL's value
-# (TRL recommends it; its own default, epsilon, would cap every weight at 0.2)
-CISPO_EPSILON_HIGH = 5.0
 # TRL's defaults as core writes them (the names the two share are not in the [rl] section)
 _RL_DEFAULTS = {f.name: f.default for cls in (PPO, GRPO) for f in fields(cls)}
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from raptb.adapters.static_decode import DecodeMode
 from raptb.core.gfn.objectives import RapTB
-from raptb.core.replay import BUFFERS, buffer_class
+from raptb.core.replay import BUFFERS, buffer_class, replay_kinds, replay_kwargs
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -248,27 +248,24 @@ class ReplayConfig(Section):
 
     def buffer_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``make_buffer(self.kind, ...)``: the options its kind reads
-        (``config_kwargs`` of its class in core.replay)."""
+        (the options schema of its class in core.replay)."""
         return buffer_class(self.kind).config_kwargs(self.model_dump())
 
     @field_validator("kind")
     @classmethod
     def _registered_kind(cls, kind: str) -> str:
-        if kind != "none" and kind not in BUFFERS:
-            choices = ", ".join(("none", *BUFFERS))
+        if kind not in replay_kinds():
+            choices = ", ".join(replay_kinds())
             raise ValueError(f"unknown replay kind {kind!r}; valid choices: {choices}")
         return kind
 
-
-def subm_preset(subm: dict[str, Any]) -> dict[str, Any]:
-    """A task spec's SubM preset (``make_buffer`` keyword arguments) as ``[replay]`` values."""
-    weights = ("w_rew", "w_val", "w_div", "w_len")
-    section = {k: v for k, v in subm.items() if k not in weights}
-    if "length_alpha_power" in section:
-        section["bin_weight_power"] = section.pop("length_alpha_power")
-    if any(w in subm for w in weights):
-        section["subm_weights"] = [float(subm.get(w, 1.0)) for w in weights]
-    return section
+    @model_validator(mode="after")
+    def _valid_for_its_kind(self) -> ReplayConfig:
+        """The options the kind reads, validated against its schema (values it refuses)."""
+        if self.kind in BUFFERS and not buffer_class(self.kind).oracle:
+            names = {option.name for option in buffer_class(self.kind).options}
+            replay_kwargs(self.kind, {k: v for k, v in self.model_dump().items() if k in names})
+        return self
 
 
 class RewardConfig(Section):

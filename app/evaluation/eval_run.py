@@ -12,7 +12,6 @@ import torch
 from raptb.adapters.lora import is_adapter_folder
 from raptb.adapters.policy import HFPolicy
 from raptb.app.configuration.config import TrainConfig, load_config
-from raptb.app.configuration.rl import RL_LOSSES
 from raptb.app.run_dir.checkpoint import MODEL_DIR, CheckpointError, newest_usable
 from raptb.app.runtime import build_policy
 from raptb.core.ports import Task
@@ -36,7 +35,7 @@ def training_temperature(config: TrainConfig) -> float:
     reward-maximising baselines (``--loss grpo|ppo``: TRL's defaults 1.0 and 0.7), 1 for the
     GFlowNet objectives (their sampler is the policy itself; the tempered behaviour mix is
     exploration)."""
-    return config.rl.temperature if config.loss in RL_LOSSES else 1.0
+    return config.rl.temperature if config.loss_entry.section == "rl" else 1.0
 
 
 def load_run(run_dir: Path) -> tuple[TrainConfig, Path]:

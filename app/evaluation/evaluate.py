@@ -70,6 +70,7 @@ from raptb.app.evaluation.plots import (
 )
 from raptb.app.run_dir.checkpoint import checkpoint_step
 from raptb.app.run_dir.durable import write_atomically
+from raptb.app.run_dir.run_log import log_path
 from raptb.app.run_dir.trackers import Trackers
 from raptb.app.runtime import build_policy, build_task
 from raptb.app.training.prefix_reward import PrefixScorer
@@ -93,7 +94,7 @@ def _write_plots(
     )
     for key, title in spec.length_plots:
         plot_metric_by_length(metrics["by_length"], key, out / f"{key}_by_length.png", title=title)
-    log = run_dir / "metrics.jsonl"
+    log = log_path(run_dir)
     if log.is_file():
         plot_training_curves(log, out / "training_curves.png")
 

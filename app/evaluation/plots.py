@@ -8,7 +8,6 @@ the parent folder, writes a PNG and returns the path.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from raptb.app.run_dir.run_log import read_log
 from raptb.core.metrics import PrefixDiagnostics
 
 TRAINING_CURVES = (
@@ -126,23 +126,6 @@ def plot_metric_by_length(
     return _save(figure, path)
 
 
-def read_metrics_log(path: str | Path) -> list[dict[str, Any]]:
-    """The JSON objects of a ``metrics.jsonl``, one per line.
-
-    Blank lines and lines that do not parse as a JSON object are skipped: a run killed while
-    writing leaves a truncated last line, which should not prevent plotting the rest.
-    """
-    records = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
 def plot_training_curves(
     metrics_log: str | Path | Sequence[Mapping[str, Any]], path: str | Path
 ) -> Path:
@@ -152,7 +135,7 @@ def plot_training_curves(
     its index; a record missing a curve's key (or with a non-numeric value) is left out of
     that curve, and a curve with no points says so in its panel.
     """
-    records = read_metrics_log(metrics_log) if isinstance(metrics_log, str | Path) else metrics_log
+    records = read_log(Path(metrics_log)) if isinstance(metrics_log, str | Path) else metrics_log
     figure = Figure(figsize=(10, 7), layout="constrained")
     for index, (key, label) in enumerate(TRAINING_CURVES, start=1):
         axes = figure.add_subplot(2, 2, index)

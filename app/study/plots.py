@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from raptb.app.run_dir.run_log import log_path, read_log
 from raptb.app.study.report import RunResult, cell_stats, value_label
 from raptb.app.study.spec import CurveSpec, MetricSpec, StudySpec
-from raptb.app.study.state import read_jsonl
 
 
 def plot_file(metric: MetricSpec) -> str:
@@ -122,7 +122,7 @@ def plot_curve(
     axes = figure.add_subplot()
     for result in results:
         cell = (*result.run.cell(spec.table_rows), *result.run.cell(spec.table.columns))
-        xs, ys = curve_points(read_jsonl(runs_root / result.run.name / "metrics.jsonl"), curve)
+        xs, ys = curve_points(read_log(log_path(runs_root / result.run.name)), curve)
         label = _cell_label(spec, keys, cell).replace("\n", " + ")
         if len(seeds) > 1:
             label += f" (seed {result.run.seed})"

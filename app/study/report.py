@@ -17,9 +17,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from raptb.app.run_dir.run_log import read_log
 from raptb.app.study.plan import SEED_KEY, PlannedRun, format_value
 from raptb.app.study.spec import ROW_KEY, CurveSpec, MetricSpec, StudySpec
-from raptb.app.study.state import EXACT, METRICS, read_json, read_jsonl
+from raptb.app.study.state import EXACT, METRICS, read_json
 from raptb.core.metrics import mean_ci
 
 CSV_NAME = "runs.csv"
@@ -47,7 +48,7 @@ def _number(value: Any) -> float | None:
 
 def _last_record(path: Path) -> dict[str, Any]:
     """The last JSON object of a run's metrics.jsonl (the final training step), or {}."""
-    records = read_jsonl(path)
+    records = read_log(path)
     return records[-1] if records else {}
 
 

@@ -48,24 +48,6 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a JSON-lines file (a run's metrics.jsonl); a torn or foreign line is
-    skipped, a missing file gives []."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return []
-    records = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
 def latest_step(run_dir: Path) -> int | None:
     checkpoint = latest_checkpoint(run_dir)
     return None if checkpoint is None else checkpoint_step(checkpoint)

@@ -6,14 +6,18 @@ policy, the reward calls and prefix scorer, the reward schedule, the optimizer (
 parameter group first), the step counter, the shared and per-rank RNG streams, the successful texts
 seen, checkpoints, the metrics log, stop signals, non-finite handling, and gradient averaging,
 clipping and application. An algorithm (``app.training.algorithms``: the GFlowNet objectives, GRPO,
-PPO; one module each) owns its step's work, its own trainable state and its parameter groups (logZ
+PPO; one module each) owns its step's work (its rollout, its loss call on a micro-batch, its
+record: the loop's ``accumulate`` runs the micro-batches, combines them over ranks and applies or
+skips the update), its own trainable state and its parameter groups (logZ
 for the GFlowNet, the value head for PPO), the fields of its metrics record and what it adds to a
-checkpoint. A new algorithm is one module with a class of this shape, named in
-``app.training.train.ALGORITHMS``.
+checkpoint. A new algorithm is one module with a class of this shape, named by its loss's entry in
+app.configuration.losses (``Loss.algorithm``, a plug-in's through the ``raptb.losses`` entry
+points).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,9 +28,11 @@ from raptb.adapters.policy import HFPolicy
 from raptb.adapters.registry import TaskSpec
 from raptb.app.configuration.config import TrainConfig
 from raptb.app.distribution.distributed import DistContext
+from raptb.app.training.micro_batch import MicroBatch, MicroBatchLoss, MicroBatchTotals
 from raptb.app.training.prefix_reward import PrefixScorer
 from raptb.app.training.reward_schedule import RewardSchedule
 from raptb.core.ports import Task
+from raptb.core.replay import ReplayItem
 
 
 class Loop(Protocol):
@@ -50,6 +56,20 @@ class Loop(Protocol):
 
     def step_rows(self) -> tuple[range, list[str]]:
         """This rank's share of the step's rows and the prompt of every global row."""
+        ...
+
+    def accumulate(
+        self,
+        batches: Sequence[MicroBatch],
+        loss: MicroBatchLoss,
+        *,
+        correct: Sequence[str],
+        on_policy: int,
+        items: Sequence[ReplayItem] = (),
+        rewards: Sequence[float] = (),
+    ) -> MicroBatchTotals | None:
+        """One optimizer step over micro-batches: ``loss`` on each, the outcome over ranks, the
+        gradients applied (the totals) or dropped (None); see ``Trainer.accumulate``."""
         ...
 
     def apply_gradients(self) -> None:

@@ -4,14 +4,22 @@ items and rewards, combined identically on all ranks by one gather (app.distribu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from raptb.app.distribution.distributed import DistContext
-from raptb.app.training.step import LossResult
+from raptb.app.training.step import LossResult, Trajectories
 from raptb.core.replay import ReplayItem
+
+MicroBatch = Sequence[tuple[Trajectories, Any]]
+"""A micro-batch: pieces of rows of one prompt each, with what the algorithm scores them by (the
+GFlowNet's Rewards, the RL baselines' terminal rewards)."""
+MicroBatchLoss = Callable[[MicroBatch, slice], LossResult | None]
+"""An algorithm's loss call on a micro-batch (this rank's rows ``slice`` of the step): backward of
+its weighted loss, its LossResult, or None when it is not finite."""
 
 
 @dataclass(frozen=True)

@@ -9,19 +9,19 @@ from raptb.app.configuration.config import ConfigError, TrainConfig
 from raptb.app.training.prefix_reward import PrefixScorer
 from raptb.app.training.replay_items import replay_items
 from raptb.core.ports import Task
-from raptb.core.replay import ReplayBuffer, ReplayItem, make_buffer
+from raptb.core.replay import NO_REPLAY, ReplayBuffer, ReplayItem, buffer_class, make_buffer
 
 
 def build_buffer(
     config: TrainConfig, task: Task, policy: HFPolicy, scorer: PrefixScorer
 ) -> ReplayBuffer | None:
-    """The buffer of ``config.replay.kind`` (None for 'none'); ConfigError for 'oracle' on a task
-    whose solutions cannot be enumerated."""
+    """The buffer of ``config.replay.kind`` (None for 'none'); an oracle kind filled with the
+    task's solutions (ConfigError on a task whose solutions cannot be enumerated)."""
     kind = config.replay.kind
-    if kind == "none":
+    if kind == NO_REPLAY:
         return None
-    if kind == "oracle":
-        return make_buffer("oracle", items=oracle_items(config, task, policy, scorer))
+    if buffer_class(kind).oracle:
+        return make_buffer(kind, items=oracle_items(config, task, policy, scorer))
     return make_buffer(kind, **config.replay.buffer_kwargs())
 
 
@@ -31,7 +31,9 @@ def oracle_items(
     """Every enumerated solution of ``task`` for its first prompt, as a scored replay item."""
     solutions = task_spec(config.task).solutions
     if solutions is None:
-        raise ConfigError(f"replay 'oracle' needs an enumerable task, not {config.task!r}")
+        raise ConfigError(
+            f"replay {config.replay.kind!r} needs an enumerable task, not {config.task!r}"
+        )
     prompt = task.prompts()[0]
     encode = policy.tokenizer
     rows = [tuple(encode.encode(text, add_special_tokens=False)) for text in solutions(task)]

@@ -28,17 +28,8 @@ import torch
 from raptb.adapters.policy import HFPolicy
 from raptb.adapters.value_head import ValueHead, prefix_values
 from raptb.app.training.step import LossResult, Rewards, Trajectories, agreed_finite
+from raptb.core.rl.base import RLObjective
 from raptb.core.rl.batch import RLBatch, action_log_probs
-from raptb.core.rl.grpo import GRPO
-from raptb.core.rl.objectives import RLObjective
-from raptb.core.rl.ppo import PPO
-
-
-def needs_reference(objective: RLObjective) -> bool:
-    """Whether the loss reads reference log-probs: GRPO with beta != 0, PPO with kl_coef != 0."""
-    if isinstance(objective, GRPO):
-        return objective.beta != 0.0
-    return isinstance(objective, PPO) and objective.kl_coef != 0.0
 
 
 def sequence_rewards(rewards: Rewards, length: torch.Tensor, source: str) -> torch.Tensor:
@@ -142,7 +133,7 @@ def rl_loss_step(
     agree: with several processes, called once with whether this process's loss is finite; it
     returns whether every process's is, so that all skip the backward (and the step) together.
     objective_kwargs: passed to the objective (GRPO: the step's advantages and token count)."""
-    reference = needs_reference(objective)
+    reference = objective.uses_reference
     batches = [
         rl_batch(policy, batch, terminal, value_head=value_head, reference=reference)
         for batch, terminal in parts

@@ -121,7 +121,7 @@ class LossResult:
 # --- rows ------------------------------------------------------------------------------------
 
 
-def roll_out(
+def sample_trajectories(
     policy: HFPolicy,
     task: Task,
     prompt: str,

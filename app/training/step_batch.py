@@ -94,6 +94,17 @@ def plan_rows(
     return RowPlan(tuple(prompts), kind, temperature, items)
 
 
+def on_policy_plan(prompts: Sequence[str], temperature: float, rng: np.random.Generator) -> RowPlan:
+    """Every row sampled by the policy at ``temperature`` (the RL baselines: no replay, no
+    oracle). ``rng`` (shared by all processes) takes the four draws per row that ``plan_rows``
+    takes, whatever is used, so that what reads the stream next (PPO's mini-batch shuffles) sees
+    it where it would after any plan."""
+    n = len(prompts)
+    rng.random(4 * n)
+    kind = np.full(n, SAMPLED, dtype=np.int8)
+    return RowPlan(tuple(prompts), kind, np.full(n, float(temperature)), {})
+
+
 def _holds(buffer: ReplayBuffer | None, prompts: Sequence[str]) -> np.ndarray:
     """bool [R]: whether ``buffer`` holds items for each row's prompt (False without a buffer)."""
     stored = set() if buffer is None else set(buffer.prompts())

@@ -2,11 +2,10 @@
 signals, non-finite handling, gradient application and distribution.
 
 ``Trainer`` builds what every run shares (task, policy, reward calls, prefix scorer, reward
-schedule, RNG streams), then the algorithm that ``loss`` names (``ALGORITHMS``: GRPO and PPO;
-every other loss is a GFlowNet objective, app.training.algorithms.gflownet), whose parameter groups
-join the policy's in one AdamW optimizer; each logged step is the algorithm's ``optimizer_step``
-(app.training.algorithm declares the interface). The stages an algorithm schedules are those of
-``raptb.app.training.step``.
+schedule, RNG streams), then the algorithm the ``loss``'s registry entry names
+(app.configuration.losses), whose parameter groups join the policy's in one AdamW optimizer; each
+logged step is the algorithm's ``optimizer_step`` (app.training.algorithm declares the
+interface). The stages an algorithm schedules are those of ``raptb.app.training.step``.
 
 Launched on several processes (``accelerate launch -m raptb train``), each rank trains on its
 contiguous share of the step's rows (the behaviour plan is drawn from an RNG all ranks share);
@@ -17,7 +16,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,13 +37,18 @@ from raptb.app.run_dir.resume import check_steps
 from raptb.app.run_dir.run_log import cut_log, log_path
 from raptb.app.run_dir.trackers import Trackers
 from raptb.app.runtime import build_policy, build_task
-from raptb.app.training.algorithm import Algorithm, Loop
-from raptb.app.training.algorithms.gflownet import GFlowNet
-from raptb.app.training.algorithms.grpo import GRPOAlgorithm
-from raptb.app.training.algorithms.ppo import PPOAlgorithm
+from raptb.app.training.algorithm import Algorithm
+from raptb.app.training.micro_batch import (
+    MicroBatch,
+    MicroBatchLoss,
+    MicroBatchTotals,
+    combine_micro_batch,
+    step_result,
+)
 from raptb.app.training.prefix_reward import PrefixScorer
 from raptb.app.training.reward_calls import RewardCaller
 from raptb.app.training.reward_schedule import RewardSchedule
+from raptb.app.training.step import LossResult
 from raptb.app.training.step_batch import step_prompts
 from raptb.app.training.stop_request import StopRequest
 from raptb.app.training.train_progress import bar_fields, progress_bar
@@ -54,14 +58,9 @@ from raptb.app.training.train_state import (
     save_trainer_state,
 )
 from raptb.app.training.training_error import TrainingError
+from raptb.core.replay import ReplayItem
 
-__all__ = ["ALGORITHMS", "TrainResult", "Trainer", "TrainingError"]
-
-ALGORITHMS: dict[str, Callable[[Loop], Algorithm]] = {
-    "grpo": GRPOAlgorithm,
-    "ppo": PPOAlgorithm,
-}
-"""The algorithm of each RL baseline's ``loss``; every other loss is a GFlowNet objective."""
+__all__ = ["TrainResult", "Trainer", "TrainingError"]
 
 
 @dataclass(frozen=True)
@@ -137,7 +136,7 @@ class Trainer:
         self.nonfinite_in_row = 0
         self.nonfinite_total = 0
         self.correct_seen: set[str] = set()
-        self.algorithm: Algorithm = ALGORITHMS.get(config.loss, GFlowNet)(self)
+        self.algorithm: Algorithm = config.loss_entry.algorithm_class()(self)
         # with LoRA the reference is the same weights with the adapter disabled: no copy
         if self.algorithm.uses_reference() and not is_peft_model(self.policy.model):
             self.policy.freeze_reference()  # the base weights, before any update or resume
@@ -193,6 +192,51 @@ class Trainer:
     def _optimizer_step(self) -> dict[str, Any] | None:
         """One logged step: the algorithm's (None when it skipped the update)."""
         return self.algorithm.optimizer_step()
+
+    def accumulate(
+        self,
+        batches: Sequence[MicroBatch],
+        loss: MicroBatchLoss,
+        *,
+        correct: Sequence[str],
+        on_policy: int,
+        items: Sequence[ReplayItem] = (),
+        rewards: Sequence[float] = (),
+    ) -> MicroBatchTotals | None:
+        """The skeleton of an optimizer step over micro-batches, which the algorithms share.
+
+        ``loss(parts, rows)`` backpropagates micro-batch ``parts`` (pieces of rows with what the
+        algorithm scored them by; this rank's rows ``rows`` of the step) with its weight in the
+        step and returns its LossResult, or None when it is not finite (the micro-batches after
+        it are skipped). Every rank's outcome is combined (loss and diagnostics weighted by rows,
+        ``correct`` texts, ``on_policy`` rows, new replay ``items``, ``rewards``;
+        app.training.micro_batch) and the successful texts counted; then the gradients are
+        applied and the totals returned, or, when a loss was not finite on some rank, dropped:
+        None, every rank skipping the step together."""
+        results: list[tuple[int, LossResult]] = []
+        first = 0
+        for parts in batches:
+            size = sum(len(batch.rows) for batch, _ in parts)
+            result = loss(parts, slice(first, first + size))
+            first += size
+            if result is None:
+                break
+            results.append((size, result))
+        finite = len(results) == len(batches)
+        totals = combine_micro_batch(
+            self.dist,
+            step_result(results) if finite else None,
+            correct,
+            on_policy,
+            items,
+            rewards,
+        )
+        self.correct_seen.update(totals.correct)
+        if not totals.finite:
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+        self.apply_gradients()
+        return totals
 
     def apply_gradients(self) -> None:
         """The accumulated gradients averaged over ranks, clipped, and one optimizer step."""

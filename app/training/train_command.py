@@ -35,8 +35,7 @@ from raptb.app.distribution.launch import record_outcome
 from raptb.app.run_dir.checkpoint import list_checkpoints, remove_stale_temporaries
 from raptb.app.run_dir.resume import CONFIG_FILE, claim_new_run, resumed_config
 from raptb.app.run_dir.run_lock import RunLocked, run_lock
-from raptb.app.training.train import TrainingError
-from raptb.app.training.trainers import make_trainer
+from raptb.app.training.train import Trainer, TrainingError
 
 _err = Console(stderr=True)
 EXIT_TERMINATED = 128 + signal.SIGTERM
@@ -257,7 +256,7 @@ def train_command(
             cfg = type(cfg).model_validate(settled)
             if dist.is_main:
                 typer.echo(kappa_line(cfg))  # stdout: stderr carries warnings and one-line errors
-            trainer = make_trainer(cfg, run_dir, resume=resume, progress=progress, dist=dist)
+            trainer = Trainer(cfg, run_dir, resume=resume, progress=progress, dist=dist)
             result = trainer.train()
             leave_process_group()
     except (TrainingError, ValueError, RunLocked) as exc:

@@ -1,8 +1,6 @@
-"""The trainer of any run: ``make_trainer`` (``raptb train`` and ``raptb.make_trainer``).
-
-``Trainer`` (app.training.train) trains every ``loss``: its loop runs the algorithm the loss names
-(the GFlowNet objectives, GRPO, PPO; app.training.algorithms). ``RLTrainer`` is kept as a
-deprecated name for it (it was the RL baselines' subclass).
+"""Deprecated names of the one trainer, ``Trainer`` (app.training.train), which trains every
+``loss`` (its loop runs the algorithm the loss's registry entry names): ``make_trainer`` (a
+function that built it) and ``RLTrainer`` (the RL baselines' former subclass). Both warn.
 """
 
 from __future__ import annotations
@@ -16,8 +14,12 @@ from raptb.app.training.train import Trainer
 
 
 def make_trainer(config: TrainConfig, run_dir: Path, **options: Any) -> Trainer:
-    """The trainer of ``config``, whatever its ``loss``: ``Trainer(config, run_dir, **options)``
-    (``resume``, ``progress``, ``console``, ``dist`` as ``Trainer`` takes them)."""
+    """Deprecated: ``Trainer(config, run_dir, **options)``."""
+    warnings.warn(
+        "make_trainer is deprecated: Trainer(config, run_dir, ...) trains every loss",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return Trainer(config, run_dir, **options)
 
 

@@ -2,7 +2,7 @@
 
 Notation (``core.gfn.batch``): C_k = sum_{t<k} log_pf[t], and the prefix TB residual
 
-    Delta_k = logZ + C_k + log_pterm[k] - log_r[k]          (paper eq. app_stop_res_k_new)
+    Delta_k = logZ + C_k + log_pterm[k] - log_r[k]          (paper eq. 21)
 
 so Delta_tau is the TB residual of the trajectory. Every objective returns the batch mean of a
 per-trajectory loss and a dict of detached float diagnostics.
@@ -11,11 +11,11 @@ per-trajectory loss and a dict of detached float diagnostics.
 - ``subtb``: LLM-form SubTB (Hu et al. 2024), windows 0 <= i < j <= tau with residual
   eps_ij = Delta_j - Delta_i (logZ cancels) and weight lambda^(j-i-1) (default lambda 0.9, the
   geometric window weight of Madan et al. 2023; the paper does not state its value).
-  ``normalization="trajectory"`` (default, the paper's eq. msubtb_loss) averages within each
+  ``normalization="trajectory"`` (default, the paper's eq. 3) averages within each
   trajectory and then over the batch; ``"batch"`` divides by the total weight of the whole batch
   as the paper's reference code does (long trajectories then dominate).
   A trajectory with tau = 0 has no window and contributes 0.
-- ``raptb``: Delta_tau^2 + eta L_aux (paper eq. app_final_fix). L_aux is the w-weighted mean over
+- ``raptb``: Delta_tau^2 + eta L_aux (paper eq. 29). L_aux is the w-weighted mean over
   eligible prefixes (max(k_min, 1) <= k <= h, h = min(tau, K)) of rhat_k^2 with the rooted residual
   rbar_k = Delta_k - Delta_0 (logZ cancels), log_pterm replaced by stopgrad(log_pterm) when
   ``detach_pterm``, and rhat_k = rbar_k + a_k (u_k - u_tgt_k), a_k = gamma^(h-k) 1[|u_k| <= eps_ab]
@@ -23,7 +23,7 @@ per-trajectory loss and a dict of detached float diagnostics.
   target). ``absorb=False`` is the paper's "w/o reward absorb" ablation: u_tgt = u, so a_k = 0
   and L_aux is the mean of rbar_k^2. w_k = lambda^(k - k_min). A trajectory with no eligible
   prefix contributes TB only.
-- ``avg_prefix_tb``: mean over k = 1..tau of Delta_k^2 (paper eq. avgprefixtb; logZ and raw stop
+- ``avg_prefix_tb``: mean over k = 1..tau of Delta_k^2 (paper eq. 13; logZ and raw stop
   rewards kept). The paper leaves tau = 0 undefined; there the only prefix, k = 0, is used.
 - ``root_subtb_logz``: weighted mean over k = 1..tau of Delta_k^2 with w_k = lambda^(k-1) (rooted
   SubTB windows with a learned logZ, no absorption, no detach; lambda 0.9 as for SubTB, so it
@@ -33,6 +33,10 @@ per-trajectory loss and a dict of detached float diagnostics.
   argument is ignored (its estimate is reported in the diagnostics).
 
 ``log_z`` is a scalar (python float or 0-d array) or a [B] array (prompt-conditioned logZ).
+
+Equation numbers are the paper's (its equations are numbered through the appendix: eq. 3 is
+Sec. 3.3's SubTB loss, eq. 13 the AvgPrefixTB baseline of appendix B, eqs. 21 and 29 the prefix
+residual and the final RapTB loss of appendix F, "Derivations and Objective Details").
 """
 
 from __future__ import annotations
@@ -43,19 +47,16 @@ from typing import Any, ClassVar, Literal
 
 from array_api_compat import array_namespace, device
 
+from raptb.core.autograd import stop_gradient
 from raptb.core.by_name import build_by_name, hyperparameter_names
+from raptb.core.checks import check_range
 from raptb.core.gfn.batch import PrefixBatch
 from raptb.core.gfn.targets import TARGET_MODES, absorbed_targets, backup_window_end
+from raptb.core.registry import Registry
 from raptb.core.schedules import LinearSchedule, schedule_value
 
 Array = Any
 Diagnostics = dict[str, float]
-
-
-def stop_gradient(x: Array) -> Array:
-    """stopgrad(x): ``x.detach()`` for autograd arrays, identity for numpy."""
-    detach = getattr(x, "detach", None)
-    return detach() if callable(detach) else x
 
 
 def _as_log_z(log_z: Array | float, batch: PrefixBatch) -> Array:
@@ -140,21 +141,22 @@ def _diagnostics(
     return dict(zip(keys, (float(v) for v in values), strict=True))
 
 
-def check_range(name: str, value: float, lo: float, hi: float, lo_open: bool = False) -> None:
-    """Raise ValueError naming ``name`` unless lo <= value <= hi (lo < value if ``lo_open``)."""
-    ok = (value > lo if lo_open else value >= lo) and value <= hi and math.isfinite(value)
-    if not ok:
-        bracket = "(" if lo_open else "["
-        raise ValueError(f"{name}: must lie in {bracket}{lo}, {hi}], got {value}")
-
-
 @dataclass(frozen=True)
 class Objective:
-    """Base class: a callable ``loss_fn(batch, log_z, step=0) -> (loss, diagnostics)``."""
+    """Base class: a callable ``loss_fn(batch, log_z, step=0) -> (loss, diagnostics)``.
+
+    ``holds_log_z``: the loss is not a mean over rows but couples them through a logZ estimate
+    over the batch (VarGrad). A step split into micro-batches then holds the estimate over all
+    its rows fixed in each, passed as ``log_z_hat``, from the rows' ``partial_residuals``."""
 
     name: ClassVar[str] = ""
     learns_log_z: ClassVar[bool] = True
     """Whether the loss depends on the learned logZ (SubTB's cancels, VarGrad estimates it)."""
+    holds_log_z: ClassVar[bool] = False
+
+    def partial_residuals(self, batch: PrefixBatch) -> Array:
+        """The logZ-free TB residual of each row, C_tau + log_pterm[tau] - log_r[tau], [B]."""
+        return partial_residuals(batch)
 
     def __call__(
         self, batch: PrefixBatch, log_z: Array | float, step: int = 0
@@ -347,10 +349,7 @@ class VarGrad(Objective):
 
     name: ClassVar[str] = "vargrad"
     learns_log_z: ClassVar[bool] = False
-
-    def partial_residuals(self, batch: PrefixBatch) -> Array:
-        """The logZ-free TB residual of each row, C_tau + log_pterm[tau] - log_r[tau], [B]."""
-        return partial_residuals(batch)
+    holds_log_z: ClassVar[bool] = True
 
     def __call__(self, batch, log_z, step=0, *, log_z_hat=None):
         """``log_z_hat``: the estimate held fixed (no gradient), e.g. minus the mean partial
@@ -368,9 +367,11 @@ class VarGrad(Objective):
         return loss, _diagnostics(loss, log_z_hat, residual, None, None)
 
 
-OBJECTIVES: dict[str, type[Objective]] = {
-    cls.name: cls for cls in (TB, SubTB, RapTB, AvgPrefixTB, RootSubTBLogZ, VarGrad)
-}
+OBJECTIVES: Registry[type[Objective]] = Registry(
+    "objective",
+    lambda cls: getattr(cls, "name", None),
+    (TB, SubTB, RapTB, AvgPrefixTB, RootSubTBLogZ, VarGrad),
+)
 
 
 def register_objective(cls: type[Objective]) -> type[Objective]:
@@ -379,19 +380,12 @@ def register_objective(cls: type[Objective]) -> type[Objective]:
     a class decorator. Its hyperparameters are its dataclass fields: a run passes it the
     ``[objective]`` values of the fields it shares with that section, the rest keep their
     defaults. A name may be registered once (ValueError otherwise)."""
-    name = getattr(cls, "name", None)
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"an objective needs a class attribute name (an identifier), got {name!r}")
-    known = OBJECTIVES.get(name)
-    if known is not None and known is not cls:
-        raise ValueError(f"objective {name!r} is already registered")
-    OBJECTIVES[name] = cls
-    return cls
+    return OBJECTIVES.register(cls)
 
 
 def objective_hyperparameters(name: str) -> tuple[str, ...]:
     """Names of the hyperparameters objective ``name`` accepts."""
-    return hyperparameter_names(OBJECTIVES, "objective", name)
+    return hyperparameter_names(OBJECTIVES, name)
 
 
 def objective_by_name(name: str, **hyperparameters: Any) -> Objective:
@@ -400,4 +394,4 @@ def objective_by_name(name: str, **hyperparameters: Any) -> Objective:
     Hyperparameters not taken by that objective raise a ValueError listing the valid ones; values
     out of range raise a ValueError naming the hyperparameter.
     """
-    return build_by_name(OBJECTIVES, "objective", name, hyperparameters)
+    return build_by_name(OBJECTIVES, name, hyperparameters)

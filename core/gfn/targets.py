@@ -1,4 +1,5 @@
-"""Absorbed suffix targets of RapTB (paper Sec. 3.3 and appendix "Absorbed suffix backups").
+"""Absorbed suffix targets of RapTB (paper Sec. 3.4, eqs. 5-7, and appendix "Absorbed suffix
+backups", eqs. 23-25).
 
 For a trajectory of length tau with task-only prefix rewards u_0..u_tau and backup window end
 h = min(tau, K) (K the horizon cap, None = tau), for every k <= h:

@@ -12,18 +12,25 @@ Modules, one concept each:
 - ``prt``: PRT (Shen et al. 2023), RP storage with two-tier sampling.
 - ``subm``: SubM (the paper), greedy submodular selection on every add.
 - ``oracle``: uniform draws from a given solution set.
-- ``factory``: ``make_buffer`` by kind name and ``BUFFER_KINDS``.
+- ``options``: a kind's options schema (``BufferOption``), read by ``[replay]``, task presets and
+  the TRL config.
+- ``factory``: the registry of kinds, ``make_buffer`` by kind name, ``replay_kwargs`` (options
+  validated against the kind's schema).
 """
 
 from raptb.core.replay.base import ReplayBuffer
 from raptb.core.replay.factory import (
     BUFFER_KINDS,
     BUFFERS,
+    NO_REPLAY,
     buffer_class,
     make_buffer,
     register_buffer,
+    replay_kinds,
+    replay_kwargs,
 )
 from raptb.core.replay.item import ReplayItem
+from raptb.core.replay.options import BufferOption
 from raptb.core.replay.oracle import OracleBuffer
 from raptb.core.replay.prt import PrioritizedReplayTraining
 from raptb.core.replay.rp import RewardPrioritizedBuffer
@@ -32,6 +39,8 @@ from raptb.core.replay.subm import SubmodularBuffer
 __all__ = [
     "BUFFERS",
     "BUFFER_KINDS",
+    "NO_REPLAY",
+    "BufferOption",
     "OracleBuffer",
     "PrioritizedReplayTraining",
     "ReplayBuffer",
@@ -41,4 +50,6 @@ __all__ = [
     "buffer_class",
     "make_buffer",
     "register_buffer",
+    "replay_kinds",
+    "replay_kwargs",
 ]

@@ -15,19 +15,28 @@ from typing import Any, ClassVar
 import numpy as np
 
 from raptb.core.replay.item import ReplayItem, pack_items, unpack_items
+from raptb.core.replay.options import BufferOption, buffer_kwargs
 
 
 class ReplayBuffer(ABC):
     """Shared interface and per-prompt bookkeeping of all buffers."""
 
     kind: ClassVar[str]
+    options: ClassVar[tuple[BufferOption, ...]] = ()
+    """The kind's options schema (core.replay.options): the ``[replay]`` options it reads."""
+    oracle: ClassVar[bool] = False
+    """Filled once with the task's enumerated solutions (needs an enumerable task), whose rows
+    replace on-policy rows (probability p_oracle x oracle_fraction) instead of being replayed;
+    the run neither adds to it nor checkpoints it."""
 
     @classmethod
     def config_kwargs(cls, options: Mapping[str, Any]) -> dict[str, Any]:
         """This buffer's keyword arguments from a run's ``[replay]`` values (``options``, by
-        field name); each kind declares which options it reads. ValueError for a kind that is not
-        built from them (Oracle: its items come from the task)."""
-        raise ValueError(f"replay {cls.kind!r} is not built from keyword arguments")
+        option name; names of other kinds are ignored), by its schema. ValueError for a kind that
+        is not built from options (Oracle: its items come from the task)."""
+        if cls.oracle:
+            raise ValueError(f"replay {cls.kind!r} is not built from keyword arguments")
+        return buffer_kwargs(cls.kind, cls.options, options, strict=False)
 
     def __init__(self) -> None:
         self._stores: dict[str, list[ReplayItem]] = {}

@@ -8,41 +8,58 @@ kind`` value) and a ``config_kwargs`` classmethod (which ``[replay]`` options it
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from raptb.core.registry import Registry
 from raptb.core.replay.base import ReplayBuffer
+from raptb.core.replay.options import buffer_kwargs
 from raptb.core.replay.oracle import OracleBuffer
 from raptb.core.replay.prt import PrioritizedReplayTraining
 from raptb.core.replay.rp import RewardPrioritizedBuffer
 from raptb.core.replay.subm import SubmodularBuffer
 
-BUFFERS: dict[str, type[ReplayBuffer]] = {
-    cls.kind: cls
-    for cls in (RewardPrioritizedBuffer, PrioritizedReplayTraining, SubmodularBuffer, OracleBuffer)
-}
+BUFFERS: Registry[type[ReplayBuffer]] = Registry(
+    "replay kind",
+    lambda cls: getattr(cls, "kind", None),
+    (RewardPrioritizedBuffer, PrioritizedReplayTraining, SubmodularBuffer, OracleBuffer),
+    reserved=("none",),
+)
 BUFFER_KINDS = tuple(BUFFERS)
 """The shipped kinds, in the order the docs list them."""
+NO_REPLAY = "none"
+"""The ``[replay] kind`` of a run without a buffer."""
+
+
+def replay_kinds() -> tuple[str, ...]:
+    """Every valid ``[replay] kind``: ``none``, then the registered kinds."""
+    return (NO_REPLAY, *BUFFERS)
 
 
 def register_buffer(cls: type[ReplayBuffer]) -> type[ReplayBuffer]:
     """Add buffer kind ``cls`` to ``BUFFERS`` (usable as a class decorator); a kind may be
     registered once (ValueError otherwise)."""
-    kind = getattr(cls, "kind", None)
-    if not isinstance(kind, str) or not kind.isidentifier() or kind == "none":
-        raise ValueError(f"a buffer needs a class attribute kind (an identifier), got {kind!r}")
-    known = BUFFERS.get(kind)
-    if known is not None and known is not cls:
-        raise ValueError(f"replay kind {kind!r} is already registered")
-    BUFFERS[kind] = cls
-    return cls
+    return BUFFERS.register(cls)
 
 
 def buffer_class(kind: str) -> type[ReplayBuffer]:
     """The registered class of ``kind``; a ValueError lists the kinds otherwise."""
-    try:
-        return BUFFERS[kind]
-    except KeyError:
-        raise ValueError(f"kind must be one of {tuple(BUFFERS)}, got {kind!r}") from None
+    return BUFFERS.lookup(kind)
+
+
+def replay_kwargs(kind: str, options: Mapping[str, Any], *, strict: bool = True) -> dict[str, Any]:
+    """Validate ``options`` (by option name: ``[replay]``'s, a task's SubM preset, the TRL
+    config's) against the options schema of buffer ``kind`` and return its constructor keywords:
+    a value the buffer refuses is a one-line ValueError, and so is a name the kind does not
+    declare when ``strict`` (without, such names are ignored: a config holding every kind's
+    options, as the TRL config does, passes them all). None values keep the buffer's defaults."""
+    cls = buffer_class(kind)
+    if cls.oracle and strict and options:
+        raise ValueError(f"replay {kind!r} takes no options; its items come from the task")
+    kwargs = buffer_kwargs(kind, cls.options, options, strict=strict)
+    if not cls.oracle:
+        cls(**kwargs)  # the buffer's own checks of the values (cheap: an empty buffer)
+    return kwargs
 
 
 def make_buffer(kind: str, **kwargs: Any) -> ReplayBuffer:

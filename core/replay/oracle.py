@@ -12,6 +12,7 @@ class OracleBuffer(ReplayBuffer):
     """Oracle: uniform draws from a given solution set (``add`` extends it, exact dups dropped)."""
 
     kind = "oracle"
+    oracle = True
 
     def __init__(self, items: Sequence[ReplayItem] = ()) -> None:
         super().__init__()

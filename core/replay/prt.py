@@ -8,12 +8,12 @@ probability frac(alpha n), so its mean is alpha n.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from raptb.core.replay.item import ReplayItem
+from raptb.core.replay.options import BufferOption
 from raptb.core.replay.rp import RewardPrioritizedBuffer
 
 
@@ -21,12 +21,11 @@ class PrioritizedReplayTraining(RewardPrioritizedBuffer):
     """PRT: RP storage with two-tier sampling (alpha from the top ceil(beta |B|), rest below)."""
 
     kind = "prt"
-
-    @classmethod
-    def config_kwargs(cls, options: Mapping[str, Any]) -> dict[str, Any]:
-        """RP's, plus ``prt_alpha`` and ``prt_beta`` of ``[replay]``."""
-        kwargs = super().config_kwargs(options)
-        return {**kwargs, "alpha": options["prt_alpha"], "beta": options["prt_beta"]}
+    options = (
+        *RewardPrioritizedBuffer.options,
+        BufferOption.of("prt_alpha", "alpha"),
+        BufferOption.of("prt_beta", "beta"),
+    )
 
     def __init__(
         self,

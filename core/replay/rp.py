@@ -12,13 +12,13 @@ reference compares empty slices and never fires) and the priority is the termina
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from raptb.core.replay.base import ReplayBuffer
 from raptb.core.replay.item import ReplayItem
+from raptb.core.replay.options import BufferOption
 from raptb.core.subm.similarity import edit_distances
 
 #: (terminal log-reward, insertion number, item): the unique insertion number breaks ties
@@ -34,11 +34,7 @@ class RewardPrioritizedBuffer(ReplayBuffer):
     """
 
     kind = "rp"
-
-    @classmethod
-    def config_kwargs(cls, options: Mapping[str, Any]) -> dict[str, Any]:
-        """``capacity`` and ``rp_tolerance`` of ``[replay]``."""
-        return {"capacity": options["capacity"], "tolerance": options["rp_tolerance"]}
+    options = (BufferOption.of("capacity"), BufferOption.of("rp_tolerance", "tolerance"))
 
     def __init__(
         self, capacity: int = 200, tolerance: float = 0.25, force_valid: bool = False

@@ -21,7 +21,7 @@ facility term for the reference code's dispersion rule, for comparison runs.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,7 @@ import numpy as np
 from raptb.core.ports import Similarity
 from raptb.core.replay.base import ReplayBuffer
 from raptb.core.replay.item import ReplayItem
+from raptb.core.replay.options import BufferOption
 from raptb.core.subm.select import DIVERSITY, power_bin_alpha, subm_select
 from raptb.core.subm.similarity import ShingleJaccardSimilarity, TanimotoSimilarity
 from raptb.core.subm.similarity_cache import SimilarityCache
@@ -47,25 +48,18 @@ class SubmodularBuffer(ReplayBuffer):
     """
 
     kind = "subm"
-
-    @classmethod
-    def config_kwargs(cls, options: Mapping[str, Any]) -> dict[str, Any]:
-        """``capacity``, ``subm_method``, ``subm_diversity``, ``bin_weight_power``,
-        ``subm_weights`` (w_rew, w_val, w_div, w_len) and, when set, ``gating_ratio``,
-        ``length_bin_size``, ``similarity``, ``shingle_k``, ``shingle_on`` of ``[replay]``."""
-        kwargs: dict[str, Any] = {
-            "capacity": options["capacity"],
-            "method": options["subm_method"],
-            "diversity": options["subm_diversity"],
-            "length_alpha_power": options["bin_weight_power"],
-        }
-        if options["subm_weights"] is not None:
-            weights = ("w_rew", "w_val", "w_div", "w_len")
-            kwargs.update(zip(weights, options["subm_weights"], strict=True))
-        for name in ("gating_ratio", "length_bin_size", "similarity", "shingle_k", "shingle_on"):
-            if options[name] is not None:
-                kwargs[name] = options[name]
-        return kwargs
+    options = (
+        BufferOption.of("capacity"),
+        BufferOption.of("subm_method", "method"),
+        BufferOption.of("subm_diversity", "diversity"),
+        BufferOption.of("bin_weight_power", "length_alpha_power"),
+        BufferOption.of("subm_weights", "w_rew", "w_val", "w_div", "w_len"),
+        BufferOption.of("gating_ratio"),
+        BufferOption.of("length_bin_size"),
+        BufferOption.of("similarity"),
+        BufferOption.of("shingle_k"),
+        BufferOption.of("shingle_on"),
+    )
 
     def __init__(
         self,

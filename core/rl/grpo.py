@@ -44,10 +44,12 @@ truncated: the rollout forces the stop at the maximum length).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from raptb.core.gfn.objectives import check_range, stop_gradient
+from raptb.core.autograd import stop_gradient
+from raptb.core.checks import check_range
 from raptb.core.rl.advantages import (
     SCALE_REWARDS,
     ScaleRewards,
@@ -55,6 +57,7 @@ from raptb.core.rl.advantages import (
     kl_estimate,
     masked_mean,
 )
+from raptb.core.rl.base import RLObjective
 from raptb.core.rl.batch import RLBatch
 
 Array = Any
@@ -78,11 +81,17 @@ def _optional_positive(name: str, value: float | None) -> None:
         check_range(name, value, 0.0, math.inf, lo_open=True)
 
 
+# CISPO's upper clip of the importance weight when a run's [rl] section leaves epsilon_high unset:
+# ScaleRL's value (TRL recommends it; its own default, epsilon, would cap every weight at 0.2)
+CISPO_EPSILON_HIGH = 5.0
+
+
 @dataclass(frozen=True)
-class GRPO:
+class GRPO(RLObjective):
     """Group relative policy optimisation; defaults are TRL 1.16's ``GRPOConfig`` defaults."""
 
     name: ClassVar[str] = "grpo"
+    grouped: ClassVar[bool] = True
     num_generations: int = 8
     scale_rewards: ScaleRewards = "group"
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"] = "dapo"
@@ -128,6 +137,19 @@ class GRPO:
             raise ValueError(
                 f"use_bias_correction_kl: must be a bool, got {self.use_bias_correction_kl!r}"
             )
+
+    @classmethod
+    def config_kwargs(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The base's, with epsilon_high ``CISPO_EPSILON_HIGH`` for cispo when it is unset."""
+        kwargs = super().config_kwargs(options)
+        if kwargs.get("loss_type") == "cispo" and kwargs.get("epsilon_high") is None:
+            kwargs["epsilon_high"] = CISPO_EPSILON_HIGH
+        return kwargs
+
+    @property
+    def uses_reference(self) -> bool:
+        """The k3 KL penalty reads the reference when beta != 0."""
+        return self.beta != 0.0
 
     @property
     def epsilon_low(self) -> float:

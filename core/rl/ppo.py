@@ -35,7 +35,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from raptb.core.gfn.objectives import check_range, stop_gradient
+from raptb.core.autograd import stop_gradient
+from raptb.core.checks import check_range
 from raptb.core.rl.advantages import (
     KL_ESTIMATORS,
     KLEstimator,
@@ -45,6 +46,7 @@ from raptb.core.rl.advantages import (
     masked_whiten,
     token_rewards,
 )
+from raptb.core.rl.base import RLObjective
 from raptb.core.rl.batch import RLBatch
 
 Array = Any
@@ -54,7 +56,7 @@ Targets = tuple[Array, Array, Array | None]
 
 
 @dataclass(frozen=True)
-class PPO:
+class PPO(RLObjective):
     """Clipped PPO with a value head and GAE; defaults are TRL's ``PPOConfig`` defaults."""
 
     name: ClassVar[str] = "ppo"
@@ -84,6 +86,11 @@ class PPO:
         for flag in ("whiten_rewards", "whiten_advantages"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag}: must be a bool, got {getattr(self, flag)!r}")
+
+    @property
+    def uses_reference(self) -> bool:
+        """The per-token KL penalty in the rewards reads the reference when kl_coef != 0."""
+        return self.kl_coef != 0.0
 
     def advantages(self, batch: RLBatch) -> Targets:
         """Detached (advantages, returns, kl) [B, T+1] from the rollout, 0 after tau.

@@ -32,11 +32,10 @@ from raptb.app.configuration.config import build_config
 from raptb.app.distribution.distributed import DistContext
 from raptb.app.training.micro_batch import combine_micro_batch
 from raptb.app.training.mix_schedule import Mix
-from raptb.app.training.step import LossResult, Trajectories, roll_out
+from raptb.app.training.step import LossResult, Trajectories, sample_trajectories
 from raptb.app.training.step_batch import RowPlan, StepBatch, plan_rows
 from raptb.app.training.train import Trainer
-from raptb.app.training.trainers import make_trainer
-from raptb.core.replay import ReplayItem, make_buffer
+from raptb.core.replay import ReplayItem, make_buffer, replay_kwargs
 
 
 def free_port() -> int:
@@ -136,7 +135,9 @@ def equivalence(
         # the step's global rows, sampled from a seed that depends only on the step
         generator = torch.Generator(device=trainer.policy.device).manual_seed(1000 + trainer.step)
         own, prompts = trainer.step_rows()
-        full = roll_out(trainer.policy, trainer.task, prompts[0], len(prompts), 1.0, generator)
+        full = sample_trajectories(
+            trainer.policy, trainer.task, prompts[0], len(prompts), 1.0, generator
+        )
         part = slice(own.start, own.stop)
         piece = Trajectories(
             prompt=prompts[0],
@@ -206,7 +207,7 @@ def buffers(out: Path) -> None:
     found = {}
     for kind in ("subm", "rp"):
         options = task_spec("expr24").subm if kind == "subm" else {}
-        buffer = make_buffer(kind, capacity=12, **options)
+        buffer = make_buffer(kind, **replay_kwargs(kind, {**options, "capacity": 12}))
         own = np.random.default_rng([ctx.rank, len(kind)])  # differs by rank
         for _ in range(5):
             # the trainer's path: new items travel with the micro-batch's outcome
@@ -260,7 +261,7 @@ def nonfinite_on_one_rank(out: Path, loss: str) -> None:
     if loss == "grpo":
         overrides["rl.num_generations"] = 2
     config = build_config(overrides=overrides)
-    trainer = make_trainer(config, out / "run", progress=False, dist=ctx)
+    trainer = Trainer(config, out / "run", progress=False, dist=ctx)
     calls: list[int] = []
     base = type(trainer.algorithm.objective)
 
@@ -285,16 +286,16 @@ def rl_logging(out: Path, loss: str) -> None:
     overrides = {"loss": loss, "steps": 2, "threads": 1, "optim.batch_size": 8}
     overrides |= {"optim.grad_accum": 2, "checkpoint_every": 10, "replay.kind": "none"}
     overrides |= {"rl.num_generations": 2}
-    trainer = make_trainer(build_config(overrides=overrides), out / "run", progress=False, dist=ctx)
+    trainer = Trainer(build_config(overrides=overrides), out / "run", progress=False, dist=ctx)
     own: list[dict[str, Any]] = []
-    roll_out_alone = trainer.algorithm._roll_out
+    roll_out_alone = trainer.algorithm._on_policy_rows
 
     def recording() -> Any:
         rollout = roll_out_alone()
         own.append({"step": trainer.step, "correct": rollout.correct, "rewards": rollout.rewards})
         return rollout
 
-    trainer.algorithm._roll_out = recording
+    trainer.algorithm._on_policy_rows = recording
     trainer.train()
     found = {"own": own, "seen": sorted(trainer.correct_seen)}
     (out / f"rank{ctx.rank}.json").write_text(json.dumps(found))

@@ -28,10 +28,9 @@ import numpy as np
 import pytest
 import torch
 
-from raptb.app.training.algorithms.rl_rollout import Rollout
+from raptb.app.training.algorithms.rl_rollout import OnPolicyRows
 from raptb.app.training.step import Trajectories
 from raptb.app.training.train import Trainer
-from raptb.app.training.trainers import make_trainer
 from raptb.core.rl.batch import action_log_probs
 from tests.app.test_train import small_config
 
@@ -39,7 +38,7 @@ PROMPTS = ("Expr24:", "Make 24 from four digits:", "24?", "Find 24 with + - * /:
 ROWS = 8  # per prompt; the step holds 4 x 8 = 32 rows
 
 
-def fixed_rollout(trainer: Trainer) -> Rollout:
+def fixed_rollout(trainer: Trainer) -> OnPolicyRows:
     """4 prompts x 8 rows of random legal tokens, the prompt setting the answer length (prompt k:
     about 2k + 1 tokens) and the reward scale ((k + 1)^2)."""
     rng = np.random.default_rng(0)
@@ -65,16 +64,16 @@ def fixed_rollout(trainer: Trainer) -> Rollout:
             )
         )
         terminal.append(torch.tensor(rng.normal(size=ROWS) * (k + 1) ** 2, dtype=torch.float32))
-    return Rollout(tuple(pieces), tuple(terminal), [])
+    return OnPolicyRows(tuple(pieces), tuple(terminal), [])
 
 
-def step_gradient(trainer: Trainer, rollout: Rollout, batch_size: int) -> list[torch.Tensor]:
+def step_gradient(trainer: Trainer, rollout: OnPolicyRows, batch_size: int) -> list[torch.Tensor]:
     """The gradients the trainer's GRPO step applies, on ``rollout`` in micro-batches of
     ``batch_size`` rows (the optimizer step itself left out, so the weights stay)."""
     grads: list[torch.Tensor] = []
     params = [p for p in trainer.policy.model.parameters() if p.requires_grad]
     trainer.rank_batch = batch_size
-    trainer.algorithm._roll_out = lambda: rollout
+    trainer.algorithm._on_policy_rows = lambda: rollout
     trainer.apply_gradients = lambda: grads.extend(p.grad.detach().clone() for p in params)
     assert trainer._optimizer_step() is not None
     return grads
@@ -134,7 +133,7 @@ def trl_loss(
 
 
 def trl_gradient(
-    trainer: Trainer, rollout: Rollout, grad_accum: int, scale_rewards: str
+    trainer: Trainer, rollout: OnPolicyRows, grad_accum: int, scale_rewards: str
 ) -> list[torch.Tensor]:
     """The model gradient of TRL's step loss: d loss / d logp in float64 (the transcription),
     pushed through the model's own log-probs of the same actions."""
@@ -175,7 +174,7 @@ def make(tmp_path: Path, loss_type: str, scale_rewards: str) -> Trainer:
             "optim.grad_accum": 4,
         },
     )
-    trainer = make_trainer(config, tmp_path, progress=False)
+    trainer = Trainer(config, tmp_path, progress=False)
     trainer.policy.model.eval()  # no dropout: the reference rescoring sees the same function
     trainer.policy.model.train = lambda mode=True: trainer.policy.model  # keep it so
     return trainer

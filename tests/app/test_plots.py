@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from raptb.app.evaluation import plots
+from raptb.app.run_dir.run_log import read_log
 from raptb.core.metrics import prefix_diagnostics
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -51,7 +52,7 @@ def test_training_curves_tolerate_missing_keys_and_bad_lines(tmp_path: Path) -> 
     log.write_text(
         "\n".join(json.dumps(r) for r in records) + '\n\n[1, 2]\n{"step": 4, "lo', "utf-8"
     )
-    assert plots.read_metrics_log(log) == records
+    assert read_log(log) == records
     target = tmp_path / "curves.png"
     assert_png(plots.plot_training_curves(log, target), target)
     only_loss = tmp_path / "only_loss.png"

@@ -160,3 +160,71 @@ def test_a_broken_plug_in_is_one_line_naming_it_and_exit_2(tmp_path, entry_point
     assert "plug-in " in lines[0], lines[0]
     assert message in lines[0], lines[0]
     assert not (tmp_path / "run").exists()
+
+
+RL_OBJECTIVE = '''
+from dataclasses import dataclass
+from typing import ClassVar
+
+from raptb.app.configuration.losses import ON_POLICY, Loss
+from raptb.core.rl.grpo import GRPO
+
+
+@dataclass(frozen=True)
+class HalfGRPO(GRPO):
+    """GRPO at half the loss, with a diagnostic that shows in the logged record."""
+
+    name: ClassVar[str] = "half_grpo"
+
+    def __call__(self, batch, **kwargs):
+        loss, diagnostics = super().__call__(batch, **kwargs)
+        return loss / 2, {**diagnostics, "half": 1.0}
+
+
+LOSS = Loss(
+    "half_grpo",
+    HalfGRPO,
+    "raptb_rl_demo_algorithm:HalfGRPOAlgorithm",
+    section="rl",
+    replay=False,
+    presets=ON_POLICY,
+)
+'''
+RL_ALGORITHM = '''
+from raptb.app.training.algorithms.grpo import GRPOAlgorithm
+
+
+class HalfGRPOAlgorithm(GRPOAlgorithm):
+    """GRPO's step, its record marked as the plug-in's."""
+
+    def optimizer_step(self):
+        record = super().optimizer_step()
+        return None if record is None else {**record, "algorithm": "plug-in"}
+'''
+
+
+def test_a_package_adds_an_rl_loss_with_its_algorithm(tmp_path):
+    """One entry point and two files (the objective with its Loss entry, the algorithm): the
+    loop trains the loss with the package's algorithm, its [rl] hyperparameters and presets
+    (on-policy, no replay), and a name clash is one line naming the entry point."""
+    site = tmp_path / "site"
+    site.mkdir()
+    install(site, "[raptb.losses]\nhalf_grpo = raptb_rl_demo_loss:LOSS\n", RL_OBJECTIVE)
+    (site / "raptb_rl_demo_loss.py").write_text(RL_OBJECTIVE)
+    (site / "raptb_rl_demo_algorithm.py").write_text(RL_ALGORITHM)
+    rl = ["--rl.num_generations", "2", "--rl.beta", "0.04"]
+    done = raptb(site, tmp_path, "train", "--loss", "half_grpo", *FAST, *rl, "--out", "run")
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "run" / "metrics.jsonl").read_text()
+    records = [json.loads(line) for line in log.splitlines()]
+    assert len(records) == 2
+    assert all(r["algorithm"] == "plug-in" and r["half"] == 1.0 for r in records)
+    assert all(r["kl"] is not None for r in records)  # beta reached the objective: a KL term
+    config = (tmp_path / "run" / "config.toml").read_text()
+    assert 'loss = "half_grpo"' in config and 'kind = "none"' in config
+
+    (site / "raptb_plugin_demo-0.1.dist-info" / "entry_points.txt").write_text(
+        "[raptb.losses]\ngrpo = raptb_rl_demo_loss:LOSS\n"
+    )
+    done = raptb(site, tmp_path, "train", "--loss", "tb", *FAST, "--out", "clash")
+    assert done.returncode == 2 and "differs from the entry point's" in done.stderr, done.stderr

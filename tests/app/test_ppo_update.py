@@ -21,7 +21,6 @@ from raptb.app.training.ppo_update import PPORollout, mini_batches, step_targets
 from raptb.app.training.rl_step import rl_loss_step
 from raptb.app.training.step import Trajectories
 from raptb.app.training.train import Trainer, TrainingError
-from raptb.app.training.trainers import make_trainer
 from raptb.core.rl.ppo import PPO
 from tests.app.test_train import records, small_config
 from tests.core import rl_reference as ref
@@ -37,7 +36,7 @@ class _SinglePass(Trainer):
         ppo = self.algorithm
         self.policy.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        rollout = ppo._roll_out()
+        rollout = ppo._on_policy_rows()
         batches = rollout.micro_batches(self.rank_batch)
         results = []
         for parts in batches:
@@ -62,12 +61,12 @@ def _state(trainer: Trainer) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("grad_accum", [1, 2])
 def test_one_epoch_one_mini_batch_is_the_single_pass_step(tmp_path, grad_accum):
     cfg = small_config(loss="ppo", steps=3, **{**ONE_PASS, "optim.grad_accum": grad_accum})
-    scheduled = make_trainer(cfg, tmp_path / "a", progress=False)
+    scheduled = Trainer(cfg, tmp_path / "a", progress=False)
     single = _SinglePass(cfg, tmp_path / "b", progress=False)
     if grad_accum > 1:
         # the single pass whitens each micro-batch's advantages, the schedule the whole step's:
         # without whitening the two must agree, micro-batch offsets and weights included
-        unwhitened = PPO(**{**cfg.rl_objective_kwargs(), "whiten_advantages": False})
+        unwhitened = PPO(**{**cfg.objective_kwargs(), "whiten_advantages": False})
         scheduled.algorithm.objective = single.algorithm.objective = unwhitened
     scheduled.train()
     single.train()
@@ -95,7 +94,7 @@ def _hand_log_probs(trainer: Trainer, batch: Trajectories) -> list[torch.Tensor]
 
 def test_second_epoch_ratio_is_that_of_the_updated_policy(tmp_path, monkeypatch):
     cfg = small_config(loss="ppo", steps=1, **{**ONE_PASS, "rl.num_ppo_epochs": 2})
-    trainer = make_trainer(cfg, tmp_path, progress=False)
+    trainer = Trainer(cfg, tmp_path, progress=False)
     rolled: list[Trajectories] = []
     seen: list[tuple[torch.Tensor, torch.Tensor, dict]] = []
     weights = [{k: v.clone() for k, v in trainer.policy.model.state_dict().items()}]
@@ -142,7 +141,7 @@ def test_second_epoch_ratio_is_that_of_the_updated_policy(tmp_path, monkeypatch)
 
 def test_one_optimizer_step_per_mini_batch(tmp_path, monkeypatch):
     extra = {"rl.num_ppo_epochs": 2, "rl.num_mini_batches": 2}  # 8 rows x 2 micro-batches
-    trainer = make_trainer(small_config(loss="ppo", steps=2, **extra), tmp_path, progress=False)
+    trainer = Trainer(small_config(loss="ppo", steps=2, **extra), tmp_path, progress=False)
     rows: list[int] = []
     per_step: list[int] = []
 
@@ -222,7 +221,7 @@ def test_step_targets_whiten_over_the_whole_step(seed):
 def test_mini_batches_that_do_not_split_the_rows_are_one_line_errors(tmp_path):
     cfg = small_config(loss="ppo", steps=1, **{"rl.num_mini_batches": 3})  # 2 x 8 rows
     with pytest.raises(TrainingError, match=r"16 rows per step.*rl\.num_mini_batches 3") as info:
-        make_trainer(cfg, tmp_path, progress=False)
+        Trainer(cfg, tmp_path, progress=False)
     assert "\n" not in str(info.value)
     config = tmp_path / "ppo.toml"
     config.write_text("loss = 'ppo'\n[rl]\nnum_mini_batches = 3\n")

@@ -16,6 +16,7 @@ from raptb.app.configuration.config import ConfigError, build_config
 from raptb.app.evaluation.evaluate import evaluate
 from raptb.app.training.train import Trainer
 from raptb.core.ports import Score
+from raptb.core.replay import replay_kwargs
 from tests.app import toy_task
 from tests.core.test_replay import EXPR24_SUBM, SMILES_SUBM
 
@@ -93,7 +94,8 @@ def test_a_name_registers_once() -> None:
 
 def test_builtin_specs_keep_the_paper_presets() -> None:
     expr24, smiles, custom = (task_spec(n) for n in ("expr24", "smiles", "custom"))
-    assert dict(expr24.subm) == EXPR24_SUBM and dict(smiles.subm) == SMILES_SUBM
+    assert replay_kwargs("subm", expr24.subm) == EXPR24_SUBM
+    assert replay_kwargs("subm", smiles.subm) == SMILES_SUBM
     assert custom.subm["similarity"] == "jaccard" and custom.subm["gating_ratio"] == 0.0
     assert (expr24.eval_samples, smiles.eval_samples, custom.eval_samples) == (6400, 3200, 6400)
     assert expr24.enumerable and not smiles.enumerable and not custom.enumerable

@@ -12,7 +12,7 @@ from raptb.app.runtime import build_policy
 from raptb.app.training.prefix_reward import PrefixScorer, ScoredRows
 from raptb.app.training.replay_items import replay_items
 from raptb.core.ports import Score
-from raptb.core.replay import make_buffer
+from raptb.core.replay import make_buffer, replay_kwargs
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,8 @@ def test_expr24_subm_buffer_keeps_only_correct_items_after_a_refresh_with_wrong_
     assert all(task.score("", t).valid for t in correct + wrong)
     items = _items(expr24, correct + wrong)
     assert [it.valid for it in items] == [True] * 5 + [False] * 5
-    buffer = make_buffer("subm", **task_spec("expr24").subm, capacity=200)
+    options = {**task_spec("expr24").subm, "capacity": 200}
+    buffer = make_buffer("subm", **replay_kwargs("subm", options))
     buffer.add(items[5:])  # a refresh offered only wrong items keeps none of them
     assert len(buffer) == 0
     buffer.add(items[:7])

@@ -16,7 +16,6 @@ from raptb.app.configuration.reference import default_text
 from raptb.app.training.step import Trajectories
 from raptb.app.training.step_batch import StepBatch
 from raptb.app.training.train import Trainer
-from raptb.app.training.trainers import make_trainer
 from raptb.core.rl.batch import RLBatch
 from raptb.core.rl.grpo import GRPO
 from raptb.core.rl.ppo import PPO
@@ -78,7 +77,7 @@ def test_rollout_and_log_probs_are_at_the_sampling_temperature(
     tmp_path, monkeypatch, loss, extra, temperature
 ):
     cfg = small_config(loss=loss, steps=1, **{"optim.grad_accum": 1, **extra})
-    trainer = make_trainer(cfg, tmp_path, progress=False)
+    trainer = Trainer(cfg, tmp_path, progress=False)
     reference = trainer.policy.reference_copy  # frozen at start-up: the base weights
     assert reference is not None
     with torch.no_grad():  # move the policy off the reference, so that the two differ

@@ -11,16 +11,15 @@ import torch
 from typer.testing import CliRunner
 
 from raptb.app.cli import app
-from raptb.app.configuration.config import CISPO_EPSILON_HIGH, ConfigError, build_config
+from raptb.app.configuration.config import ConfigError, build_config
 from raptb.app.run_dir.checkpoint import _seal as seal
 from raptb.app.training.algorithms.grpo import GRPOAlgorithm
 from raptb.app.training.algorithms.ppo import PPOAlgorithm
 from raptb.app.training.rl_step import rl_loss_step, sequence_rewards
-from raptb.app.training.step import Rewards, roll_out
+from raptb.app.training.step import Rewards, sample_trajectories
 from raptb.app.training.train import Trainer
-from raptb.app.training.trainers import make_trainer
 from raptb.core.rl.batch import RLBatch
-from raptb.core.rl.grpo import GRPO
+from raptb.core.rl.grpo import CISPO_EPSILON_HIGH, GRPO
 from raptb.core.rl.ppo import PPO
 from tests.app.test_train import records, small_config, weights
 
@@ -37,7 +36,7 @@ def test_rl_losses_train(tmp_path, loss, extra):
     # seed 1: a step's rows are drawn in a new order (one rollout per step), and with seed 0 no
     # row of the two steps is correct, so every GRPO advantage is 0 and nothing would move
     config = small_config(loss=loss, steps=2, seed=1, **extra)
-    trainer = make_trainer(config, tmp_path, progress=False)
+    trainer = Trainer(config, tmp_path, progress=False)
     family = PPOAlgorithm if loss == "ppo" else GRPOAlgorithm
     assert isinstance(trainer, Trainer) and isinstance(trainer.algorithm, family)
     # no logZ, no buffer: the optimizer holds the policy (and PPO's value head) only
@@ -72,11 +71,11 @@ def test_rl_losses_train(tmp_path, loss, extra):
 )
 def test_resume_equals_uninterrupted_rl_run(tmp_path, loss, extra):
     cfg = small_config(loss=loss, steps=4, **extra)  # PPO: 4 epochs (TRL's default)
-    straight = make_trainer(cfg, tmp_path / "a", progress=False)
+    straight = Trainer(cfg, tmp_path / "a", progress=False)
     straight.train()
-    first = make_trainer(cfg, tmp_path / "b", progress=False)
+    first = Trainer(cfg, tmp_path / "b", progress=False)
     assert first.train(stop_at=2).step == 2
-    resumed = make_trainer(cfg, tmp_path / "b", resume=True, progress=False)
+    resumed = Trainer(cfg, tmp_path / "b", resume=True, progress=False)
     assert resumed.step == 2
     resumed.train()
     a, b = straight.policy.model.state_dict(), resumed.policy.model.state_dict()
@@ -97,7 +96,7 @@ def _fixed_batch(trainer: Trainer, terminal: list[float]):
     """A rollout of the trainer's policy with known terminal rewards u_tau (0 elsewhere)."""
     generator = torch.Generator().manual_seed(3)
     prompt = trainer.task.prompts()[0]
-    batch = roll_out(trainer.policy, trainer.task, prompt, len(terminal), 1.0, generator)
+    batch = sample_trajectories(trainer.policy, trainer.task, prompt, len(terminal), 1.0, generator)
     u = torch.zeros(len(terminal), batch.tokens.shape[1] + 1)
     u[torch.arange(len(terminal)), batch.length] = torch.tensor(terminal)
     rewards = Rewards(u_host=u.double().numpy(), scores=None, u=u, prior=None, log_r=u)
@@ -119,7 +118,7 @@ def _param_grads(trainer: Trainer) -> list[torch.Tensor]:
 
 def test_group_advantage_wiring_matches_hand_computed_grpo(tmp_path):
     cfg = small_config(loss="grpo", steps=1, **{"rl.num_generations": 4})
-    trainer = make_trainer(cfg, tmp_path, progress=False)
+    trainer = Trainer(cfg, tmp_path, progress=False)
     trainer.policy.model.eval()  # no dropout: the hand computation rescores the same values
     terminal = [50.0, 0.0, 0.0, 10.0, 3.0, 3.0, 3.0, 3.0]  # the second group has std 0
     batch, rewards = _fixed_batch(trainer, terminal)
@@ -160,7 +159,7 @@ def test_group_advantage_wiring_matches_hand_computed_grpo(tmp_path):
 
 def test_ppo_wiring_uses_the_value_head_and_terminal_reward(tmp_path):
     cfg = small_config(loss="ppo", steps=1, **{"rl.kl_coef": 0.0, "rl.lam": 1.0})
-    trainer = make_trainer(cfg, tmp_path, progress=False)
+    trainer = Trainer(cfg, tmp_path, progress=False)
     trainer.policy.model.eval()
     trainer.algorithm.value_head.eval()
     terminal = [50.0, 0.0, 5.0, 0.0, 0.0, 0.0, 1.0, 0.0]
@@ -191,13 +190,13 @@ def test_ppo_wiring_uses_the_value_head_and_terminal_reward(tmp_path):
 def test_rl_config_defaults_and_errors(tmp_path):
     cfg = build_config(overrides={"loss": "grpo"})
     assert cfg.replay.kind == "none"
-    kwargs = cfg.rl_objective_kwargs()
+    kwargs = cfg.objective_kwargs()
     assert GRPO(**kwargs) == GRPO()  # TRL's defaults, written once in core
-    assert set(build_config(overrides={"loss": "ppo"}).rl_objective_kwargs()) <= set(
+    assert set(build_config(overrides={"loss": "ppo"}).objective_kwargs()) <= set(
         PPO.__dataclass_fields__
     )
     cispo = build_config(overrides={"loss": "grpo", "rl.loss_type": "cispo"})
-    assert cispo.rl_objective_kwargs()["epsilon_high"] == CISPO_EPSILON_HIGH
+    assert cispo.objective_kwargs()["epsilon_high"] == CISPO_EPSILON_HIGH
     with pytest.raises(ConfigError, match="replay 'none' only") as info:
         build_config(overrides={"loss": "grpo", "replay.kind": "subm"})
     assert "\n" not in str(info.value)
@@ -221,7 +220,7 @@ def test_cli_trains_grpo_and_refuses_replay(tmp_path):
 
 def test_smiles_grpo_smoke(tmp_path):
     cfg = small_config(task="smiles", loss="grpo", steps=2)
-    trainer = make_trainer(cfg, tmp_path, progress=False)
+    trainer = Trainer(cfg, tmp_path, progress=False)
     assert trainer.train().step == 2
     assert all(math.isfinite(r["loss"]) for r in records(tmp_path))
 
@@ -241,7 +240,7 @@ def test_rl_rewards_follow_the_reward_schedules(tmp_path, monkeypatch):
     extra = {"reward.reward_scale_end": 20.0, "reward.temperature": 2.0}
     extra |= {"reward.reward_scale": 5.0, "reward.temperature_end": 1.0}
     cfg = small_config(loss="grpo", steps=3, **extra)
-    make_trainer(cfg, tmp_path, progress=False).train()
+    Trainer(cfg, tmp_path, progress=False).train()
     per_step = len(seen) // 3
     lam, temp = (
         [5.0, 10.0, 15.0],
@@ -265,7 +264,7 @@ def test_a_frozen_reference_copy_is_taken_only_when_read(tmp_path, loss, over, c
     """Full fine-tuning with kappa 1: the trainer copies the model as its reference only when
     the loss or the reward reads it (a whole second model otherwise wasted)."""
     config = small_config(loss=loss, **{"reward.kappa": 1.0, **over})
-    trainer = make_trainer(config, tmp_path, progress=False)
+    trainer = Trainer(config, tmp_path, progress=False)
     assert (trainer.policy.reference_copy is not None) == copied
 
 
@@ -274,7 +273,7 @@ def test_a_checkpoint_with_the_former_unused_log_z_group_resumes_exactly(tmp_pat
     """RL checkpoints written before the algorithms had their own classes held an untrained logZ
     as the optimizer's second group and ``log_z`` in trainer.pt: they resume as if without it."""
     cfg = small_config(loss=loss, steps=4, checkpoint_every=2, **{"rl.num_ppo_epochs": 2})
-    make_trainer(cfg, tmp_path / "a", progress=False).train(stop_at=2)
+    Trainer(cfg, tmp_path / "a", progress=False).train(stop_at=2)
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     pt = tmp_path / "b" / "checkpoints" / "step-000002" / "trainer.pt"
     saved = torch.load(pt, weights_only=True)
@@ -292,7 +291,7 @@ def test_a_checkpoint_with_the_former_unused_log_z_group_resumes_exactly(tmp_pat
     torch.save(saved, pt)
     seal(pt.parent)  # the manifest of the rewritten checkpoint, as the writer seals one
     for run in ("a", "b"):
-        make_trainer(cfg, tmp_path / run, resume=True, progress=False).train()
+        Trainer(cfg, tmp_path / run, resume=True, progress=False).train()
     assert records(tmp_path / "a") != [] and len(records(tmp_path / "b")) == 4
     drop = ("seconds",)
     ra = [{k: v for k, v in r.items() if k not in drop} for r in records(tmp_path / "a")]

@@ -16,7 +16,7 @@ from raptb.app.configuration.config import build_config
 from raptb.app.runtime import build_policy, pad_rows
 from raptb.app.training.prefix_reward import DEFAULT_SCORE_CACHE_SIZE, PrefixScorer, ScoreCache
 from raptb.app.training.replay_items import new_items
-from raptb.app.training.step import correct_texts, reward, roll_out
+from raptb.app.training.step import correct_texts, reward, sample_trajectories
 from raptb.app.training.step_batch import stored_rows
 from raptb.app.training.train import Trainer
 from raptb.core.ports import Score
@@ -35,7 +35,7 @@ def setup():
 def rollout(setup, seed=0):
     task, policy, _ = setup
     generator = torch.Generator().manual_seed(seed)
-    return roll_out(policy, task, task.prompts()[0], N, 1.0, generator)
+    return sample_trajectories(policy, task, task.prompts()[0], N, 1.0, generator)
 
 
 def test_fixed_seed_run_gives_the_losses_recorded_from_main(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from raptb.app.runtime import build_policy, pad_rows
 from raptb.app.training.mix_schedule import Mix
 from raptb.app.training.prefix_reward import PrefixScorer
 from raptb.app.training.replay_items import new_items, replay_items
-from raptb.app.training.step import reward, roll_out
+from raptb.app.training.step import reward, sample_trajectories
 from raptb.app.training.step_batch import (
     ORACLE,
     REPLAYED,
@@ -55,7 +55,9 @@ def test_micro_batches_cut_the_rows_in_order(sizes: list[int], size: int) -> Non
 
 def _buffer_with_items(setup):
     task, policy, scorer = setup
-    batch = roll_out(policy, task, task.prompts()[0], 8, 1.0, torch.Generator().manual_seed(0))
+    batch = sample_trajectories(
+        policy, task, task.prompts()[0], 8, 1.0, torch.Generator().manual_seed(0)
+    )
     buffer = make_buffer("rp", capacity=50)
     buffer.add(new_items(task, batch, reward(scorer, policy, batch, kappa=0.0)))
     return buffer
@@ -121,3 +123,31 @@ def test_collect_step_rolls_out_sampled_rows_once_and_pads_stored_ones(setup, mo
     assert second.stored_u is None  # oracle rows are scored like sampled ones
     assert torch.equal(second.tokens, pad_rows(second.rows, task.max_length, policy.pad_id))
     assert step.rows == 12
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_on_policy_plan_is_a_plan_without_replay_drawing_as_plan_rows_does(seed):
+    """The RL baselines' plan (no behaviour mix) against plan_rows with a mix that never replays
+    nor splices, at the one-point temperature range [T, T]: the same rows, temperatures and
+    kinds, and the shared stream left at the same place (what PPO's shuffles read next)."""
+    from raptb.app.training.mix_schedule import Mix
+    from raptb.app.training.step_batch import on_policy_plan
+
+    draw = np.random.default_rng(seed)
+    prompts = [f"p{int(i)}" for i in draw.integers(0, 3, size=int(draw.integers(1, 40)))]
+    temperature = float(draw.uniform(0.3, 2.0))
+    mix = Mix(
+        p_replay=0.0,
+        low_temp_prob=1.0,
+        temp_lo=temperature,
+        temp_hi=temperature,
+        p_oracle=0.0,
+        oracle_fraction=0.0,
+    )
+    ours, theirs = np.random.default_rng(seed + 10), np.random.default_rng(seed + 10)
+    plan = on_policy_plan(prompts, temperature, ours)
+    reference = plan_rows(prompts, mix, buffer=None, oracle=None, rng=theirs)
+    assert plan.prompt == reference.prompt and plan.items == reference.items == {}
+    assert np.array_equal(plan.kind, reference.kind) and (plan.kind == SAMPLED).all()
+    assert np.array_equal(plan.temperature, reference.temperature)
+    assert ours.random() == theirs.random()

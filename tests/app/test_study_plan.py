@@ -21,12 +21,13 @@ from typer.testing import CliRunner
 from raptb.app.cli import app
 from raptb.app.configuration.config import TrainConfig, build_config, save_config
 from raptb.app.run_dir.run_lock import run_lock
+from raptb.app.run_dir.run_log import read_log
 from raptb.app.study.command import write_report
 from raptb.app.study.plan import plan_study, select_runs
 from raptb.app.study.plots import curve_points, trailing_mean
 from raptb.app.study.run import RunTask, StudyRunner, eval_args, train_args
 from raptb.app.study.spec import StudyError, flatten, load_study
-from raptb.app.study.state import PLANNED_CONFIG, read_jsonl, run_state
+from raptb.app.study.state import PLANNED_CONFIG, run_state
 
 REPO = Path(__file__).resolve().parents[2]
 STUDIES = REPO / "studies"
@@ -327,9 +328,7 @@ curves = [{ x = "unique_correct", y = "acc", window = 2 }]
     assert (out / "curve_acc_unique_correct.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "exact_acc.png").is_file()
     # the curve: y's trailing mean over 2 records against x, the torn line skipped
-    points = curve_points(
-        read_jsonl(out / "runs" / "tb-s0" / "metrics.jsonl"), spec.table.curves[0]
-    )
+    points = curve_points(read_log(out / "runs" / "tb-s0" / "metrics.jsonl"), spec.table.curves[0])
     assert points[0].tolist() == [0.0, 3.0] and points[1].tolist() == [0.0, 0.5]
     with pytest.raises(StudyError, match="needs exact = true"):
         load_study(write(tmp_path / "t.toml", '[table]\nmetrics = [{ key = "exact.acc" }]\n'))

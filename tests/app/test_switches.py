@@ -21,7 +21,7 @@ from raptb.app.training import train_command
 from raptb.app.training.prefix_reward import PrefixScorer
 from raptb.app.training.replay_items import new_items
 from raptb.app.training.reward_schedule import RewardSchedule
-from raptb.app.training.step import reward, roll_out
+from raptb.app.training.step import reward, sample_trajectories
 from raptb.app.training.step_batch import stored_rows
 from raptb.app.training.train import TrainResult
 from raptb.app.training.train_command import kappa_line
@@ -84,7 +84,7 @@ def seen(monkeypatch) -> list[TrainConfig]:
         def train(self):
             return TrainResult(self.run_dir, 0, interrupted=False, checkpoint=None)
 
-    monkeypatch.setattr(train_command, "make_trainer", Recorder)
+    monkeypatch.setattr(train_command, "Trainer", Recorder)
     return configs
 
 
@@ -181,7 +181,9 @@ def test_the_reward_stage_applies_the_scale_and_rescores_replayed_rows() -> None
     task = Expr24Task()
     policy = build_policy("tiny", task, 0)
     scorer = PrefixScorer(task, policy, 50.0)
-    batch = roll_out(policy, task, task.prompts()[0], 8, 1.0, torch.Generator().manual_seed(0))
+    batch = sample_trajectories(
+        policy, task, task.prompts()[0], 8, 1.0, torch.Generator().manual_seed(0)
+    )
     scaled = reward(scorer, policy, batch, 0.0, scale=5.0)
     for b, row in enumerate(batch.rows):
         want = [5.0 * task.score("", t).value for t in scorer.texts(row)]

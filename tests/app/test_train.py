@@ -88,12 +88,18 @@ def test_oracle_buffer_holds_the_enumerated_solutions(tmp_path):
     assert item.u[-1] == 50.0 and item.valid
 
 
-def test_every_rl_loss_has_its_algorithm_and_every_other_loss_is_a_gflownet_objective():
-    from raptb.app.configuration.rl import RL_LOSSES
-    from raptb.app.training.train import ALGORITHMS
+def test_every_loss_entry_names_an_algorithm_of_the_loops_shape():
+    from raptb.app.configuration.losses import LOSSES
+    from raptb.app.training.algorithms.gflownet import GFlowNetAlgorithm
+    from raptb.core.rl.objectives import RL_OBJECTIVES
 
-    assert set(ALGORITHMS) == set(RL_LOSSES)
-    assert not set(ALGORITHMS) & set(OBJECTIVES)
+    assert set(OBJECTIVES) | set(RL_OBJECTIVES) <= set(LOSSES)
+    for name, loss in LOSSES.items():
+        algorithm = loss.algorithm_class()
+        for method in ("param_groups", "uses_reference", "optimizer_step", "extra_state"):
+            assert callable(getattr(algorithm, method)), (name, method)
+        assert (algorithm is GFlowNetAlgorithm) == (name in OBJECTIVES), name
+        assert loss.replay == (loss.section == "objective"), name
 
 
 def test_log_z_has_its_own_float32_group(tmp_path):

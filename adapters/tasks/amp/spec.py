@@ -76,10 +76,7 @@ SPEC = register_task(
         metrics=_metrics,
         headline=("Perf", "Div", "Novelty", "Len", "TopK", "acc", "unique", "log_pterm"),
         subm={
-            "w_rew": 1.0,
-            "w_val": 1.0,
-            "w_div": 1.0,
-            "w_len": 1.0,
+            "subm_weights": (1.0, 1.0, 1.0, 1.0),
             "gating_ratio": 0.0,
             "similarity": "jaccard",
             "shingle_k": 2,

@@ -106,10 +106,7 @@ SPEC = register_task(
         # Released SubM column: validity gating, diversity weighted 2, no length term, Jaccard on
         # word unigrams, length bins of 4 tokens.
         subm={
-            "w_rew": 1.0,
-            "w_val": 1.0,
-            "w_div": 2.0,
-            "w_len": 0.0,
+            "subm_weights": (1.0, 1.0, 2.0, 0.0),
             "gating_ratio": 1.0,
             "similarity": "jaccard",
             "shingle_k": 1,

@@ -154,10 +154,7 @@ SPEC = register_task(
         # Any string reward: the paper's string similarity (Jaccard on character 2-grams of the
         # text) with every term on, length-aware like the SMILES column, no gating.
         subm={
-            "w_rew": 1.0,
-            "w_val": 1.0,
-            "w_div": 1.0,
-            "w_len": 1.0,
+            "subm_weights": (1.0, 1.0, 1.0, 1.0),
             "gating_ratio": 0.0,
             "similarity": "jaccard",
             "shingle_k": 2,

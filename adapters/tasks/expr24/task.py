@@ -333,10 +333,7 @@ SPEC = register_task(
         ),
         # Paper Table "Submodular replay hyperparameters (Expr24)".
         subm={
-            "w_rew": 1.0,
-            "w_val": 1.0,
-            "w_div": 1.0,
-            "w_len": 0.0,
+            "subm_weights": (1.0, 1.0, 1.0, 0.0),
             "gating_ratio": 1.0,
             "similarity": "jaccard",
             "shingle_k": 2,

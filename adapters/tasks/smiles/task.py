@@ -310,10 +310,7 @@ SPEC = register_task(
         # Paper Table "Submodular replay hyperparameters (SMILES)": Tanimoto on the merged
         # molecules' fingerprints (``item_features``).
         subm={
-            "w_rew": 1.0,
-            "w_val": 1.0,
-            "w_div": 1.0,
-            "w_len": 1.0,
+            "subm_weights": (1.0, 1.0, 1.0, 1.0),
             "gating_ratio": 0.0,
             "similarity": "tanimoto",
             "length_bin_size": 1,

@@ -29,7 +29,7 @@ import torch
 
 from raptb.adapters.policy import to_prefix_batch
 from raptb.app.training.algorithm import Loop
-from raptb.app.training.micro_batch import MicroBatchTotals, combine_micro_batch, step_result
+from raptb.app.training.micro_batch import MicroBatchTotals
 from raptb.app.training.mix_schedule import MixSchedule
 from raptb.app.training.replay_items import new_items
 from raptb.app.training.replay_setup import build_buffer
@@ -52,10 +52,10 @@ from raptb.app.training.step_batch import (
     micro_batches,
     plan_rows,
 )
-from raptb.core.gfn.objectives import Objective, VarGrad, objective_by_name, partial_residuals
+from raptb.core.gfn.objectives import Objective, partial_residuals
 
 
-class GFlowNet:
+class GFlowNetAlgorithm:
     """Trains a GFlowNet objective (app.training.algorithm's shape)."""
 
     objective: Objective
@@ -64,10 +64,10 @@ class GFlowNet:
         cfg = loop.cfg
         self.loop = loop
         self.log_z = torch.nn.Parameter(torch.tensor(cfg.optim.log_z_init, dtype=torch.float32))
-        self.objective = objective_by_name(cfg.loss, **cfg.objective_kwargs())
+        self.objective = cfg.build_objective()
         self.mix = MixSchedule(cfg, cfg.schedule_horizon)
         self.buffer = build_buffer(cfg, loop.task, loop.policy, loop.scorer)
-        self.oracle = self.buffer if cfg.replay.kind == "oracle" else None
+        self.oracle = self.buffer if self.buffer is not None and self.buffer.oracle else None
         # set at the first step of a new run (a resumed one keeps its saved logZ: load_extra_state)
         self.start_from_batch = cfg.optim.log_z_start == "batch"
 
@@ -141,23 +141,13 @@ class GFlowNet:
         if self.start_from_batch:
             self._start_log_z(batches)
         held = self._held_kwargs(batches)
-        results: list[tuple[int, LossResult]] = []
-        for parts in batches:
-            size = sum(len(batch.rows) for batch, _ in parts)
-            result = loss_step(
-                loop.policy,
-                self.objective,
-                self.log_z,
-                parts,
-                loop.step,
-                size / step.rows,
-                agree=agree,
-                **held,
+
+        def loss(parts: list[tuple[Trajectories, Rewards]], rows: slice) -> LossResult | None:
+            weight = (rows.stop - rows.start) / step.rows  # its share of the step's rows
+            return loss_step(
+                loop.policy, self.objective, self.log_z, parts, loop.step, weight, agree, **held
             )
-            if result is None:
-                break
-            results.append((size, result))
-        finite = len(results) == len(batches)
+
         replays = self.buffer is not None and self.oracle is None
         items = [
             item
@@ -166,23 +156,19 @@ class GFlowNet:
             for item in new_items(loop.task, piece, rewards, loop.spec)
         ]
         on_policy = sum(len(piece.on_policy) for piece in step.pieces)
-        totals = combine_micro_batch(
-            loop.dist, step_result(results) if finite else None, correct, on_policy, items
-        )
-        loop.correct_seen.update(totals.correct)
-        if not totals.finite:
-            loop.optimizer.zero_grad(set_to_none=True)
+        totals = loop.accumulate(batches, loss, correct=correct, on_policy=on_policy, items=items)
+        if totals is None:
             return None  # every rank skips the step together
         if self.buffer is not None and totals.items:
             self.buffer.add(totals.items)
-        loop.apply_gradients()
         return self._step_record(totals, step.plan, time.perf_counter() - start)
 
     def _held_kwargs(self, batches: list[list[tuple[Trajectories, Rewards]]]) -> dict[str, Any]:
-        """What the objective holds fixed over the step's micro-batches: VarGrad's logZ estimate
-        from all of this rank's rows (a forward without gradients first), so that its batch is
-        the step; nothing for the other objectives, whose loss is a mean over rows."""
-        if not isinstance(self.objective, VarGrad) or len(batches) == 1:
+        """What the objective holds fixed over the step's micro-batches: for one that declares
+        ``holds_log_z`` (VarGrad), the logZ estimate from all of this rank's rows (a forward
+        without gradients first), so that its batch is the step; nothing for the others, whose
+        loss is a mean over rows."""
+        if not self.objective.holds_log_z or len(batches) == 1:
             return {}
         return {"log_z_hat": -self._partial_residuals(batches).mean()}
 

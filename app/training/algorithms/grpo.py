@@ -12,12 +12,10 @@ import torch
 
 from raptb.app.training.algorithm import Loop
 from raptb.app.training.algorithms.rl_rollout import RLAlgorithm, RLStats, rl_record
-from raptb.app.training.micro_batch import combine_micro_batch, step_result
 from raptb.app.training.rl_step import rl_loss_step
-from raptb.app.training.step import LossResult
+from raptb.app.training.step import LossResult, Trajectories
 from raptb.core.rl.advantages import group_advantages
 from raptb.core.rl.grpo import GRPO
-from raptb.core.rl.objectives import rl_objective_by_name
 
 
 class GRPOAlgorithm(RLAlgorithm):
@@ -27,9 +25,7 @@ class GRPOAlgorithm(RLAlgorithm):
 
     def __init__(self, loop: Loop) -> None:
         super().__init__(loop)
-        objective = rl_objective_by_name(loop.cfg.loss, **loop.cfg.rl_objective_kwargs())
-        assert isinstance(objective, GRPO)
-        self.objective = objective
+        self.objective = loop.cfg.build_objective()
 
     def optimizer_step(self) -> dict[str, Any] | None:
         """Roll out the step's rows, take the advantages over all of them and normalise
@@ -39,7 +35,7 @@ class GRPOAlgorithm(RLAlgorithm):
         loop.policy.model.train()
         loop.optimizer.zero_grad(set_to_none=True)
         start = time.perf_counter()
-        rollout = self._roll_out()
+        rollout = self._on_policy_rows()
         terminal = torch.cat(rollout.terminal)
         actions = int(sum(int(piece.length.sum()) + len(piece.rows) for piece in rollout.pieces))
         # one gather: every process's rewards (rank order = row order) and action count
@@ -51,38 +47,28 @@ class GRPOAlgorithm(RLAlgorithm):
         num_items = sum(count for _, count in shared) / loop.dist.world_size
         batches = rollout.micro_batches(loop.rank_batch)
         agree = loop.dist.all_true if loop.dist.sharding else None
-        results: list[tuple[int, LossResult]] = []
-        first = 0
-        for parts in batches:
-            size = sum(len(batch.rows) for batch, _ in parts)
-            rows = slice(first, first + size)
-            first += size
-            result = rl_loss_step(
+
+        def loss(parts: list[tuple[Trajectories, torch.Tensor]], rows: slice) -> LossResult | None:
+            return rl_loss_step(
                 loop.policy,
                 objective,
                 parts,
-                1.0 / len(batches),
+                1.0 / len(batches),  # TRL's: each micro-batch's loss over grad_accum
                 agree=agree,
                 advantages=(adv[rows], std[rows]),
                 num_items_in_batch=num_items,
                 grad_accum=len(batches),
             )
-            if result is None:
-                break
-            results.append((size, result))
-        finite = len(results) == len(batches)
-        totals = combine_micro_batch(
-            loop.dist,
-            step_result(results) if finite else None,
-            rollout.correct,
-            rollout.on_policy,
+
+        totals = loop.accumulate(
+            batches,
+            loss,
+            correct=rollout.correct,
+            on_policy=rollout.on_policy,
             rewards=rollout.rewards,
         )
-        loop.correct_seen.update(totals.correct)
-        if not totals.finite:
-            loop.optimizer.zero_grad(set_to_none=True)
+        if totals is None:
             return None
-        loop.apply_gradients()
         stats = RLStats(
             totals.loss, totals.diagnostics, totals.on_policy, len(totals.correct), totals.rewards
         )

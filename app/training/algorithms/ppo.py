@@ -23,10 +23,8 @@ from raptb.app.training.ppo_update import (
     mini_batches,
     step_targets,
 )
-from raptb.app.training.rl_step import needs_reference
 from raptb.app.training.step import LossResult
 from raptb.app.training.training_error import TrainingError
-from raptb.core.rl.objectives import rl_objective_by_name
 from raptb.core.rl.ppo import PPO
 
 
@@ -47,9 +45,7 @@ class PPOAlgorithm(RLAlgorithm):
                 f"rl.num_mini_batches {cfg.rl.num_mini_batches}: change rl.num_mini_batches, "
                 "optim.batch_size, optim.grad_accum or the number of processes"
             )
-        objective = rl_objective_by_name(cfg.loss, **cfg.rl_objective_kwargs())
-        assert isinstance(objective, PPO)
-        self.objective = objective
+        self.objective = cfg.build_objective()
         disable_dropout(loop.policy.model)
         hidden_size = int(loop.policy.model.config.hidden_size)
         self.value_head = ValueHead(hidden_size, dropout=0.0).to(loop.policy.device)
@@ -74,7 +70,7 @@ class PPOAlgorithm(RLAlgorithm):
         loop.policy.model.train()
         value_head.train()
         start = time.perf_counter()
-        rollout = self._roll_out()
+        rollout = self._on_policy_rows()
         # the step's rollout over all processes: what the record and unique_correct count
         seen = combine_micro_batch(
             loop.dist,
@@ -84,7 +80,7 @@ class PPOAlgorithm(RLAlgorithm):
             rewards=rollout.rewards,
         )
         loop.correct_seen.update(seen.correct)
-        reference = needs_reference(objective)
+        reference = objective.uses_reference
         # old log-probs and values micro-batch by micro-batch (memory), a prompt per forward
         fixed = [
             fixed_rollout(loop.policy, value_head, batch, terminal, reference=reference)

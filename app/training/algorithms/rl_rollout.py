@@ -20,15 +20,14 @@ import numpy as np
 import torch
 
 from raptb.app.training.algorithm import Loop
-from raptb.app.training.mix_schedule import Mix
-from raptb.app.training.rl_step import needs_reference, sequence_rewards
+from raptb.app.training.rl_step import sequence_rewards
 from raptb.app.training.step import Trajectories, correct_texts, reward
-from raptb.app.training.step_batch import collect_step, micro_batches, plan_rows
-from raptb.core.rl.objectives import RLObjective
+from raptb.app.training.step_batch import collect_step, micro_batches, on_policy_plan
+from raptb.core.rl.base import RLObjective
 
 
 @dataclass(frozen=True)
-class Rollout:
+class OnPolicyRows:
     """The step's rows on this process: pieces of one prompt each (app.training.step_batch), the
     terminal reward [b] of each piece's rows, and the successful on-policy texts."""
 
@@ -64,29 +63,15 @@ class RLStats:
     rewards: list[float]
 
 
-def on_policy_mix(temperature: float) -> Mix:
-    """Every row on-policy at ``temperature`` (``rl.temperature``, TRL's per-method default), at
-    which app.training.rl_step scores log pi as TRL does, so the sampling policy is the trained one
-    up to the grammar mask: no replay, no oracle, and the "low temperature" draw always taken on the
-    one-point range [T, T]."""
-    return Mix(
-        p_replay=0.0,
-        low_temp_prob=1.0,
-        temp_lo=temperature,
-        temp_hi=temperature,
-        p_oracle=0.0,
-        oracle_fraction=0.0,
-    )
-
-
-def roll_out(loop: Loop) -> Rollout:
+def on_policy_rows(loop: Loop) -> OnPolicyRows:
     """This process's share of the step's rows (one rollout), their task rewards and the
     terminal reward each row is judged by."""
     cfg = loop.cfg
     own, prompts = loop.step_rows()
-    plan = plan_rows(
-        prompts, on_policy_mix(cfg.rl.temperature), buffer=None, oracle=None, rng=loop.rng
-    )
+    # every row on-policy at rl.temperature (TRL's per-method default), at which
+    # app.training.rl_step scores log pi as TRL does: the sampling policy is the trained one up
+    # to the grammar mask
+    plan = on_policy_plan(prompts, cfg.rl.temperature, loop.rng)
     step = collect_step(loop.policy, loop.task, plan, own, generator=loop.generator)
     weights = loop.reward_schedule.at(loop.step)  # lambda and T_R schedules apply here too
     kappa = weights.kappa if cfg.rl.reward == "log_r" else 0.0
@@ -95,7 +80,7 @@ def roll_out(loop: Loop) -> Rollout:
         rewards = reward(loop.scorer, loop.policy, piece, kappa, weights.scale)
         correct += correct_texts(loop.task, piece, rewards, loop.spec)
         terminal.append(sequence_rewards(rewards, piece.length, cfg.rl.reward))
-    return Rollout(step.pieces, tuple(terminal), correct)
+    return OnPolicyRows(step.pieces, tuple(terminal), correct)
 
 
 class RLAlgorithm:
@@ -115,7 +100,7 @@ class RLAlgorithm:
         reward with kappa > 0, not by the default task reward without KL."""
         cfg = self.loop.cfg
         uses_prior = cfg.rl.reward == "log_r" and cfg.reward.kappa > 0
-        return needs_reference(self.objective) or uses_prior
+        return self.objective.uses_reference or uses_prior
 
     def extra_state(self) -> dict[str, Any]:
         return {}
@@ -129,8 +114,8 @@ class RLAlgorithm:
     def load_run_state(self, state: dict[str, Any]) -> None:
         """Nothing to restore."""
 
-    def _roll_out(self) -> Rollout:
-        return roll_out(self.loop)
+    def _on_policy_rows(self) -> OnPolicyRows:
+        return on_policy_rows(self.loop)
 
 
 def rl_record(

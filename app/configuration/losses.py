@@ -1,0 +1,142 @@
+"""The loss registry: one entry per ``loss`` name, carrying its objective and its algorithm.
+
+A run's ``loss`` is read here once. Its :class:`Loss` entry says which objective class to build
+(a ``core.gfn.objectives.Objective`` or a ``core.rl.base.RLObjective``) from which config section
+(``[objective]`` or ``[rl]``), which training algorithm trains it (the loop imports the class the
+entry names and builds it, app.training.algorithm declares its shape), whether it takes a replay
+buffer, and the config values it sets under the file and the flags. The objective class itself
+declares what the algorithm asks of it (``holds_log_z``, ``uses_reference``, ``grouped``).
+
+Entries come from three places, read once per process on the first lookup:
+
+- the built-in losses: every GFlowNet objective of ``core.gfn.objectives`` with the GFlowNet
+  algorithm, then GRPO and PPO with theirs;
+- the ``raptb.objectives`` entry points (adapters.plugins): a GFlowNet objective class, trained
+  by the GFlowNet algorithm;
+- the ``raptb.losses`` entry points: a :class:`Loss`, e.g. an RL loss with its own algorithm::
+
+      [project.entry-points."raptb.losses"]
+      my_rl = "mypkg.loss:LOSS"     # Loss("my_rl", MyObjective, "mypkg.algorithm:MyAlgorithm",
+                                    #      section="rl", replay=False)
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import EntryPoint
+from typing import Any, Literal
+
+from raptb.adapters.plugins import check_named, load_group_once, load_objective_plugins
+from raptb.app.configuration.rl import PPO_TEMPERATURE
+from raptb.core.gfn.objectives import OBJECTIVES, Objective
+from raptb.core.registry import Registry
+from raptb.core.replay import NO_REPLAY
+from raptb.core.rl.base import RLObjective
+from raptb.core.rl.grpo import GRPO
+from raptb.core.rl.ppo import PPO
+
+LOSS_GROUP = "raptb.losses"
+GFLOWNET_ALGORITHM = "raptb.app.training.algorithms.gflownet:GFlowNetAlgorithm"
+ON_POLICY: dict[str, Any] = {"replay": {"kind": NO_REPLAY}}
+"""What an RL loss sets under the file and the flags (an explicit replay other than none is an
+error)."""
+
+
+@dataclass(frozen=True)
+class Loss:
+    """One ``loss``.
+
+    Attributes:
+        name: the ``loss`` value (equal to the objective class's ``name``).
+        objective: the objective class, built with the hyperparameters of ``section``.
+        algorithm: ``"module:Class"`` of the algorithm that trains it (imported when a run
+            starts, so that configuration never imports the training stack).
+        section: the config section its hyperparameters come from, ``[objective]`` or ``[rl]``.
+        replay: whether it trains on a replay buffer; without, only replay ``none`` is valid.
+        presets: config values it sets under the file and the flags (nested, as a TOML file).
+    """
+
+    name: str
+    objective: type[Objective] | type[RLObjective]
+    algorithm: str
+    section: Literal["objective", "rl"] = "objective"
+    replay: bool = True
+    presets: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if getattr(self.objective, "name", None) != self.name:
+            raise ValueError(
+                f"the objective's name {getattr(self.objective, 'name', None)!r} differs from "
+                f"the loss's {self.name!r}"
+            )
+        base = Objective if self.section == "objective" else RLObjective
+        if not (isinstance(self.objective, type) and issubclass(self.objective, base)):
+            raise ValueError(
+                f"a loss of section {self.section!r} needs a subclass of "
+                f"{base.__module__}.{base.__qualname__}"
+            )
+        module, _, attribute = self.algorithm.partition(":")
+        if not (module and attribute):
+            raise ValueError(f"algorithm must be 'module:Class', got {self.algorithm!r}")
+
+    def algorithm_class(self) -> Any:
+        """The algorithm class ``algorithm`` names (imported now)."""
+        module, _, attribute = self.algorithm.partition(":")
+        return getattr(importlib.import_module(module), attribute)
+
+
+def _gflownet(cls: type[Objective]) -> Loss:
+    return Loss(cls.name, cls, GFLOWNET_ALGORITHM)
+
+
+_RL_BASELINES = (
+    Loss(
+        "grpo",
+        GRPO,
+        "raptb.app.training.algorithms.grpo:GRPOAlgorithm",
+        section="rl",
+        replay=False,
+        presets=ON_POLICY,
+    ),
+    Loss(
+        "ppo",
+        PPO,
+        "raptb.app.training.algorithms.ppo:PPOAlgorithm",
+        section="rl",
+        replay=False,
+        presets={**ON_POLICY, "rl": {"temperature": PPO_TEMPERATURE}},
+    ),
+)
+
+
+def _load() -> None:
+    """Enter the GFlowNet objectives (built-in, then the ``raptb.objectives`` plug-ins') not yet
+    entered, the RL baselines, then the ``raptb.losses`` entry points (read once per process)."""
+    load_objective_plugins()
+    for name, cls in OBJECTIVES.items():
+        if name not in LOSSES:  # inside the load hook, a lookup does not load again
+            LOSSES.register(Loss(name, cls, GFLOWNET_ALGORITHM))
+    for loss in _RL_BASELINES:
+        LOSSES.register(loss)
+    load_group_once(LOSS_GROUP, _register_plugin_loss)
+
+
+def _register_plugin_loss(point: EntryPoint, loss: Any) -> None:
+    check_named(point, loss, Loss, "Loss")
+    LOSSES.register(loss)
+
+
+LOSSES: Registry[Loss] = Registry("loss", lambda loss: loss.name, load=_load)
+
+
+def loss_entry(name: str) -> Loss:
+    """The entry of ``name``; a one-line ValueError lists the valid losses otherwise."""
+    return LOSSES.lookup(name)
+
+
+def loss_names() -> tuple[str, ...]:
+    """Every valid ``loss``: the GFlowNet objectives (built-in, then the plug-ins' of the
+    ``raptb.objectives`` entry points), the RL baselines, then the ``raptb.losses`` plug-ins."""
+    return LOSSES.names()

@@ -1,0 +1,39 @@
+"""The loss registry (app.configuration.losses): one entry per ``loss``, which the configuration
+reads for the section, the replay rule and the presets, and which refuses an inconsistent entry."""
+
+from __future__ import annotations
+
+import pytest
+
+from raptb.app.configuration.config import ConfigError, build_config
+from raptb.app.configuration.losses import GFLOWNET_ALGORITHM, LOSSES, Loss, loss_entry
+from raptb.core.gfn.objectives import TB, VarGrad
+from raptb.core.rl.grpo import GRPO
+from raptb.core.rl.ppo import PPO
+
+
+def test_each_loss_reads_its_section_and_presets():
+    assert loss_entry("vargrad") == Loss("vargrad", VarGrad, GFLOWNET_ALGORITHM)
+    assert VarGrad.holds_log_z and not TB.holds_log_z
+    assert GRPO.grouped and not PPO.grouped
+    assert (GRPO(beta=0.04).uses_reference, GRPO().uses_reference) == (True, False)
+    ppo = build_config(overrides={"loss": "ppo"})
+    assert (ppo.replay.kind, ppo.rl.temperature) == ("none", 0.7)  # its entry's presets
+    assert ppo.build_objective() == PPO(**ppo.objective_kwargs())
+    with pytest.raises(ConfigError, match="rows_per_prompt 6 must each be a multiple"):
+        build_config(overrides={"loss": "grpo", "optim.rows_per_prompt": 6})  # grouped
+    assert build_config(overrides={"loss": "ppo", "optim.rows_per_prompt": 6})  # not grouped
+    assert list(LOSSES)[-2:] == ["grpo", "ppo"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (("tb", GRPO, GFLOWNET_ALGORITHM), "the objective's name 'grpo' differs from the loss's"),
+        (("grpo", GRPO, GFLOWNET_ALGORITHM), "section 'objective' needs a subclass of"),
+        (("tb", TB, "no_class_here"), "algorithm must be 'module:Class'"),
+    ],
+)
+def test_an_inconsistent_entry_is_refused(arguments, message):
+    with pytest.raises(ValueError, match=message):
+        Loss(*arguments)
