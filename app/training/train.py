@@ -260,7 +260,11 @@ class Trainer:
                 bar.update(task_id, completed=self.step, **bar_fields(record))
                 if self.step % cfg.checkpoint_every == 0 or self.step == end:
                     checkpoint = self.save_checkpoint()
-        self.stop.requested = self.dist.any_true(self.stop.requested)
+        # every rank ends as the run does: one stopped by another rank's SIGTERM exits 143 too
+        # (SIGTERM over SIGINT where ranks got different signals)
+        states = self.dist.all_gather_object((self.stop.requested, self.stop.signum))
+        self.stop.requested = any(requested for requested, _ in states)
+        self.stop.signum = max((signum for _, signum in states if signum), default=None)
         if self.stop.requested and (checkpoint is None or self.step % cfg.checkpoint_every):
             checkpoint = self.save_checkpoint()
         return checkpoint

@@ -262,9 +262,10 @@ def train_command(
     except (TrainingError, ValueError, RunLocked) as exc:
         raise _fail(str(exc)) from None
     code = EXIT_TERMINATED if result.stop_signal == signal.SIGTERM else 0
+    if dist.local_rank == 0:  # for this node's launcher (each node of a run has its own)
+        record_outcome(code)
     if not dist.is_main:
         raise typer.Exit(code)
-    record_outcome(code)
     state = "interrupted" if result.interrupted else "done"
     _err.print(f"{state}: {result.step}/{cfg.steps} steps; run directory {result.run_dir}")
     if result.interrupted:
