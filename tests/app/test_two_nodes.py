@@ -54,10 +54,10 @@ def ended(proc: subprocess.Popen) -> tuple[int, list[str]]:
     return proc.returncode, [line for line in err.splitlines() if line.startswith("error:")]
 
 
-def test_sigterm_to_one_nodes_launcher_ends_both_nodes_with_143_and_resumes(tmp_path):
+def test_sigterm_to_one_nodes_launcher_ends_both_nodes_with_143(tmp_path):
     """Node 1's launcher alone gets SIGTERM: it forwards it to its rank, the ranks agree to stop,
     rank 0 (which got no signal) checkpoints, and both launchers exit 143 (the job requeues both
-    nodes); the run then resumes on two nodes to its end."""
+    nodes; before, node 1's said the ranks did not stop in time, exit 2, and node 0's exited 0)."""
     run = tmp_path / "run"
     nodes = both(tmp_path, run)
     os.kill(nodes[1].pid, signal.SIGTERM)
