@@ -24,6 +24,7 @@ from rich.markup import escape
 from raptb.adapters.plugins import PluginError
 from raptb.app.configuration.config import ConfigError
 from raptb.app.distribution.distributed import PeerFailure
+from raptb.app.distribution.launch import hand_to_launcher
 from raptb.app.run_dir.checkpoint import CheckpointError
 from raptb.app.run_dir.resume import RunMismatch
 from raptb.app.run_dir.run_lock import RunLocked
@@ -74,6 +75,10 @@ def _peer_lost(exc: BaseException) -> bool:
     )
 
 
+def _peer_gone(exc: BaseException) -> bool:
+    return isinstance(exc, PeerFailure) or _peer_lost(exc)
+
+
 def describe(exc: BaseException) -> tuple[int, str]:
     """The exit code and the one-line message for ``exc``."""
     if isinstance(exc, USER_FAULTS):
@@ -118,5 +123,8 @@ def run_cli(command: Callable[[], object]) -> None:
         if debug:
             raise
         code, message = describe(exc)
-        Console(stderr=True).print(f"[red]error:[/] {escape(_one_line(message))}", soft_wrap=True)
+        line = _one_line(message)
+        # under raptb launch, the launcher prints one line for the run (a killed rank's, if any)
+        if not (_peer_gone(exc) and hand_to_launcher(line)):
+            Console(stderr=True).print(f"[red]error:[/] {escape(line)}", soft_wrap=True)
         sys.exit(code)

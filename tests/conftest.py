@@ -20,6 +20,7 @@ SLOW_FIRST = (
     "tests/app/test_plugins.py::test_a_package_adds",
     "tests/app/test_smiles_run.py",
     "tests/app/test_cluster.py",
+    "tests/app/test_two_nodes.py",
     "tests/app/test_study_run.py",
     "tests/app/test_distributed.py::test_accelerate_launch",
     "tests/app/test_fsdp.py::test_accelerate_launch",

@@ -66,6 +66,10 @@ T = TypeVar("T")
 _DATA_PARALLEL = {"NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU"}
 DEFAULT_TIMEOUT = DistributedConfig.model_fields["timeout"].default
 """Seconds a collective waits when no configuration says otherwise."""
+DEEPSPEED_REFUSED = (
+    "DeepSpeed is not supported: raptb trains data-parallel or fully sharded (accelerate configs "
+    "with distributed_type MULTI_GPU / MULTI_CPU, or FSDP)"
+)
 _ENTERED = itertools.count(1)  # collectives this process has entered
 _ENTERED_KEY = "raptb/entered/{rank}"
 
@@ -107,10 +111,7 @@ class DistContext:
         implement.
         """
         if _env_flag("ACCELERATE_USE_DEEPSPEED"):
-            raise ValueError(
-                "DeepSpeed is not supported: raptb trains data-parallel or fully sharded "
-                "(accelerate configs with distributed_type MULTI_GPU / MULTI_CPU, or FSDP)"
-            )
+            raise ValueError(DEEPSPEED_REFUSED)
         sharding = plan_from_accelerate() if _env_flag("ACCELERATE_USE_FSDP") else None
         if launched_world_size() <= 1:
             return cls.single()
@@ -324,6 +325,10 @@ def rank_rng_state(generator: torch.Generator) -> dict[str, Any]:
     }
 
 
+def _processes(count: int) -> str:
+    return f"{count} process" if count == 1 else f"{count} processes"
+
+
 def restore_rank_rng(
     ctx: DistContext,
     saved: Sequence[dict[str, Any]],
@@ -340,7 +345,7 @@ def restore_rank_rng(
     of an earlier step."""
     if len(saved) != ctx.world_size and ctx.is_main:
         warn(
-            f"checkpoint written by {len(saved)} processes, resuming on {ctx.world_size}: "
+            f"checkpoint written by {_processes(len(saved))}, resuming on {ctx.world_size}: "
             "training continues, but not as the uninterrupted run would (rollout streams are "
             "reassigned)"
         )

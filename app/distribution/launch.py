@@ -4,12 +4,15 @@
 and turns how it ends into what a job script needs:
 
 - the ranks stopped on SIGTERM and checkpointed: exit 143, whether the SIGTERM reached every
-  process (SLURM) or the launcher only (which forwards it); the ranks record the stop in the file
-  named by ``OUTCOME_ENV``, since a launcher that was signalled reports only its own signal;
+  process (SLURM) or the launcher only (which forwards it); each node's first local rank records
+  the run's exit code in the file named by ``OUTCOME_ENV`` (its own launcher's: on several nodes
+  each launcher has one), since a launcher that was signalled reports only its own signal;
 - a rank exited with an error: that rank's exit code (2 for raptb's one-line errors, which the
   rank has printed), without the launcher's traceback;
 - a rank was killed, or the ranks did not stop in time after the launcher was signalled: one
-  line, exit 2 (continue with ``--resume``).
+  line, exit 2 (continue with ``--resume``). A rank that finds a peer gone hands its line to the
+  launcher (:func:`hand_to_launcher`) instead of printing it, so that the run ends with one line:
+  the killed rank's, or else the failed rank's own.
 
 The launcher waits ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds for the ranks to stop after it is
 signalled, then kills them; unless set, this command sets it to ``SHUTDOWN_TIMEOUT``, so that
@@ -20,12 +23,16 @@ than the launcher's 30 s.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import tempfile
+import tomllib
 from pathlib import Path
 
 import typer
 from rich.console import Console
+
+from raptb.app.parent_death import LAUNCHER_PID_ENV
 
 OUTCOME_ENV = "RAPTB_LAUNCH_OUTCOME"
 SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
@@ -35,10 +42,29 @@ COMMANDS = ("train", "eval")
 
 
 def record_outcome(code: int) -> None:
-    """Record the exit code a launched run chose (rank 0), for :func:`launch_command`."""
+    """Record the exit code a launched run chose (each node's local rank 0), for
+    :func:`launch_command`."""
     path = os.environ.get(OUTCOME_ENV)
     if path:
         Path(path).write_text(f"{code}\n")
+
+
+def hand_to_launcher(line: str) -> bool:
+    """Under ``raptb launch``, leave this rank's one-line error for the launcher to print (one
+    line for the whole run); False elsewhere (the caller prints it)."""
+    path, rank = os.environ.get(OUTCOME_ENV), os.environ.get("RANK")
+    if not path or rank is None:
+        return False
+    try:
+        _handed(Path(path), int(rank)).write_text(line)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _handed(outcome: Path, rank: int | str) -> Path:
+    """Where rank ``rank`` leaves its line, beside the outcome file ("*": any rank's)."""
+    return outcome.with_name(f"error-rank{rank}")
 
 
 def _recorded(path: Path) -> int | None:
@@ -48,12 +74,56 @@ def _recorded(path: Path) -> int | None:
         return None
 
 
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _first_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split("\n", 1)[0].split()) or type(exc).__name__
+
+
+def _error(line: str) -> None:
+    from rich.markup import escape
+
+    Console(stderr=True).print(f"[red]error:[/] {escape(line)}", soft_wrap=True)
+
+
 def _split(args: list[str]) -> tuple[list[str], list[str]]:
     """accelerate's options and the raptb command line (from the first command name on)."""
     for i, arg in enumerate(args):
         if arg in COMMANDS:
             return [a for a in args[:i] if a != "--"], args[i:]
     raise typer.BadParameter(f"name the raptb command to launch: one of {', '.join(COMMANDS)}")
+
+
+def _option(args: list[str], name: str) -> str | None:
+    """The value of ``name`` in ``args`` (``--name VALUE`` or ``--name=VALUE``), if given."""
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(f"{name}="):
+            return arg.partition("=")[2]
+    return None
+
+
+def join_timeout(command: list[str]) -> int:
+    """Seconds the launchers of a multi-node run wait for each other: the command's
+    ``[distributed] timeout`` (its ``--config`` file, else RUN_DIR/config.toml under ``--resume``),
+    else that setting's default. An unreadable file gives the default (the command then reports
+    it)."""
+    from raptb.app.distribution.distributed import DEFAULT_TIMEOUT
+
+    config, out = _option(command, "--config"), _option(command, "--out")
+    if config is None and out is not None and "--resume" in command:
+        config = str(Path(out) / "config.toml")
+    try:
+        timeout = tomllib.loads(Path(config).read_text())["distributed"]["timeout"]
+    except (TypeError, OSError, KeyError, tomllib.TOMLDecodeError):
+        timeout = DEFAULT_TIMEOUT
+    return max(1, math.ceil(float(timeout)))
 
 
 def _quiet_launcher() -> None:
@@ -73,40 +143,69 @@ def launch_command(ctx: typer.Context) -> None:
     ... (or eval ...). The exit code is raptb's own (143 after a SIGTERM stop with a checkpoint,
     2 for one-line errors or a killed rank), the launcher's traceback is not shown, and the
     launcher waits up to TORCH_ELASTIC_SHUTDOWN_TIMEOUT (default here 600 s) for stopping
-    processes."""
+    processes. The options are accelerate launch's (accelerate launch --help lists them); raptb
+    launch ... train --help shows train's."""
     from accelerate.commands.launch import launch_command as accelerate_launch
     from accelerate.commands.launch import launch_command_parser
+    from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
 
+    from raptb.app.distribution.distributed import DEEPSPEED_REFUSED
+
+    if not any(arg in COMMANDS for arg in ctx.args) and {"--help", "-h"} & set(ctx.args):
+        typer.echo(ctx.get_help())
+        raise typer.Exit()
     options, command = _split(list(ctx.args))
     _quiet_launcher()
     os.environ.setdefault(SHUTDOWN_ENV, str(SHUTDOWN_TIMEOUT))
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks end with this process
+    timeout = join_timeout(command)
+    if _option(options, "--rdzv_conf") is None:  # how long the nodes' launchers wait for each other
+        options += ["--rdzv_conf", f"timeout={timeout}"]
     args = launch_command_parser().parse_args([*options, "-m", "raptb", *command])
     with tempfile.TemporaryDirectory(prefix="raptb-launch-") as folder:
         outcome = Path(folder) / "outcome"
         os.environ[OUTCOME_ENV] = str(outcome)
         try:
             accelerate_launch(args)
+        except ImportError as exc:
+            if "deepspeed" not in str(exc).lower():
+                raise
+            _error(DEEPSPEED_REFUSED)  # accelerate's DeepSpeed launcher, without DeepSpeed
+            raise typer.Exit(2) from None
+        except (DistError, RendezvousError) as exc:  # the launchers' own meeting, before any rank
+            _error(
+                f"the {args.num_machines} nodes' launchers did not all meet within {timeout} s "
+                f"at {args.main_process_ip}:{args.main_process_port} (this is machine_rank "
+                f"{args.machine_rank}; {_first_line(exc)}); start raptb launch on every node "
+                "with the same --main_process_ip and --main_process_port, or raise [distributed] "
+                "timeout; no process was started"
+            )
+            raise typer.Exit(2) from None
         except SignalException as exc:
             code = _recorded(outcome)
             if code is None:  # the ranks were killed before they finished stopping
-                Console(stderr=True).print(
-                    f"[red]error:[/] the processes did not stop within {SHUTDOWN_ENV} "
+                handed = sorted(Path(folder).glob(_handed(outcome, "*").name))
+                _error(
+                    _read(handed[0]) or ""
+                    if handed  # a rank found a peer gone (e.g. another node's)
+                    else f"the processes did not stop within {SHUTDOWN_ENV} "
                     f"({os.environ[SHUTDOWN_ENV]} s) after {exc.sigval.name}; the run's newest "
-                    "checkpoint is intact, continue with --resume",
-                    soft_wrap=True,
+                    "checkpoint is intact, continue with --resume"
                 )
                 code = 2
             raise typer.Exit(code) from None
         except ChildFailedError as exc:
-            rank, failure = exc.get_first_failure()
+            rank, failure = exc.get_first_failure()  # (the launcher kills the others after it)
             if failure.exitcode > 0:
+                line = _read(_handed(outcome, rank))
+                if line:
+                    _error(line)
                 raise typer.Exit(failure.exitcode) from None
-            Console(stderr=True).print(
-                f"[red]error:[/] rank {rank} (pid {failure.pid}) was killed by "
-                f"{failure.signal_name()}; the run's newest checkpoint is intact, continue "
-                "with --resume",
-                soft_wrap=True,
+            _error(
+                f"rank {rank} (pid {failure.pid}) was killed by {failure.signal_name()}; the "
+                "run's newest checkpoint is intact, continue with --resume"
             )
             raise typer.Exit(2) from None

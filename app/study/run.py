@@ -17,7 +17,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -31,6 +30,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from raptb.app.configuration.config import save_config
+from raptb.app.parent_death import die_with
 from raptb.app.run_dir.run_lock import lock_holder
 from raptb.app.study.plan import PlannedRun
 from raptb.app.study.state import (
@@ -43,7 +43,6 @@ from raptb.app.study.state import (
 )
 
 RECORD = "study.json"
-PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 # the ``raptb`` console script run with this interpreter; SIGINT's default handler is restored
 # because a study started in the background (``... &``) passes SIGINT on as ignored
 STUDY_PID_ENV = "RAPTB_STUDY_PID"
@@ -60,14 +59,7 @@ def die_with_the_study() -> None:
     """In a study's child: SIGTERM when the study process ends in any way (kill -9 included), so
     a trainer checkpoints and exits instead of running on unwatched (Linux; elsewhere a no-op).
     A study already gone before this point ends the child at once."""
-    study = int(os.environ.get(STUDY_PID_ENV, "0"))
-    if not study or not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != study:
-        sys.exit(128 + signal.SIGTERM)
+    die_with(int(os.environ.get(STUDY_PID_ENV, "0")))
 
 
 @dataclass(frozen=True)

@@ -316,7 +316,16 @@ class Trainer:
                     checkpoint = self.save_checkpoint()
                 if self.step < end and self._time_is_up():
                     self.stop.request("time limit")
-        self.stop.requested = self.dist.any_true(self.stop.requested)
+        # every rank ends as the run does: one stopped by another rank's SIGTERM exits 143 too
+        # (SIGTERM over SIGINT where ranks got different signals), and says why (a time limit
+        # one rank reached first)
+        states = self.dist.all_gather_object(
+            (self.stop.requested, self.stop.signum, self.stop.reason)
+        )
+        self.stop.requested = any(requested for requested, _, _ in states)
+        self.stop.signum = max((signum for _, signum, _ in states if signum), default=None)
+        if self.stop.reason is None:
+            self.stop.reason = next((why for _, _, why in states if why), None)
         if self.stop.requested and (checkpoint is None or self.step % cfg.checkpoint_every):
             checkpoint = self.save_checkpoint()
         return checkpoint

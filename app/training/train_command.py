@@ -262,9 +262,10 @@ def train_command(
     except (TrainingError, ValueError, RunLocked) as exc:
         raise _fail(str(exc)) from None
     code = EXIT_TERMINATED if result.stop_signal == signal.SIGTERM else 0
+    if dist.local_rank == 0:  # for this node's launcher (each node of a run has its own)
+        record_outcome(code)
     if not dist.is_main:
         raise typer.Exit(code)
-    record_outcome(code)
     state = "done"
     if result.stop_reason == "time limit":
         state = f"stopped at the time limit ({cfg.time_limit:g} min)"

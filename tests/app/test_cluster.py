@@ -179,6 +179,23 @@ def test_a_stopped_rank_ends_the_run_with_one_line_naming_it(tmp_path):
     assert time.monotonic() - started < 120  # timeout 3 s, then the launcher's 2 s
 
 
+def test_a_killed_rank_ends_the_launch_with_one_line_naming_it(tmp_path):
+    """kill -9 of rank 1: rank 0 finds its peer gone and leaves its line to the launcher, which
+    prints one line naming the killed rank (not rank 0's as well), exit 2."""
+    run = tmp_path / "run"
+    proc = launch(*train(tmp_path, run, "--steps", "50"))
+    wait_for_lines(run, 1, proc)
+    killed = rank_pid(proc.pid, 1)
+    os.kill(killed, signal.SIGKILL)
+    code, err = finish(proc)
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2, err
+    assert lines == [
+        f"error: rank 1 (pid {killed}) was killed by SIGKILL; the run's newest checkpoint is "
+        "intact, continue with --resume"
+    ], err
+
+
 def test_a_batch_that_does_not_split_is_one_line_before_the_process_group(tmp_path):
     args = ["train", "--batch-size", "7", "--steps", "1", "--out", str(tmp_path / "run")]
     code, err = finish(launch(*args))

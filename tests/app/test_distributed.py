@@ -101,6 +101,9 @@ def test_resume_on_another_world_size_warns_and_reseeds():
     assert len(warnings) == 1  # rank 2 does not repeat rank 0's warning
     assert not torch.equal(fresh.get_state(), torch.Generator().get_state())
     assert not torch.equal(fresh.get_state(), same.get_state())
+    widened = DistContext(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"))
+    restore_rank_rng(widened, saved[:1], torch.Generator(), seed=0, step=4, warn=warnings.append)
+    assert "checkpoint written by 1 process, resuming on 2:" in warnings[-1]  # not "processes"
 
 
 def test_deepspeed_launch_is_refused_in_one_line(monkeypatch, capsys, tmp_path):

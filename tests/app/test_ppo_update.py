@@ -24,6 +24,7 @@ from raptb.app.training.train import Trainer, TrainingError
 from raptb.core.rl.ppo import PPO
 from tests.app.test_train import records, small_config
 from tests.core import rl_reference as ref
+from tests.floats import assert_records_close
 
 ONE_PASS = {"optim.grad_accum": 1, "rl.num_ppo_epochs": 1}
 
@@ -70,13 +71,18 @@ def test_one_epoch_one_mini_batch_is_the_single_pass_step(tmp_path, grad_accum):
         scheduled.algorithm.objective = single.algorithm.objective = unwhitened
     scheduled.train()
     single.train()
+    # two code paths that score and sum the micro-batches in other shapes and orders: equal up to
+    # float reordering (a loss scaled by 1 + 1e-7 moves the weights by 1.2e-6 in 3 steps and the
+    # logged values by 2e-6 relative), not bit for bit (an AVX-512 Xeon differs in the last bits)
     a, b = _state(scheduled), _state(single)
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
     drop = ("seconds", "ppo_updates")
     ra = [{k: v for k, v in r.items() if k not in drop} for r in records(tmp_path / "a")]
     rb = [{k: v for k, v in r.items() if k not in drop} for r in records(tmp_path / "b")]
-    assert ra == rb
-    assert all(r["ppo_updates"] == 1 and r["ratio_mean"] == 1.0 for r in records(tmp_path / "a"))
+    assert_records_close(ra, rb, rel_tol=1e-4, abs_tol=1e-5)
+    assert all(r["ppo_updates"] == 1 for r in records(tmp_path / "a"))
+    assert [r["ratio_mean"] for r in records(tmp_path / "a")] == pytest.approx([1.0] * 3, abs=1e-6)
 
 
 def _hand_log_probs(trainer: Trainer, batch: Trajectories) -> list[torch.Tensor]:

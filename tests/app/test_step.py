@@ -41,9 +41,9 @@ def rollout(setup, seed=0):
 def test_fixed_seed_run_gives_the_losses_recorded_from_main(tmp_path: Path) -> None:
     # Recorded with one rollout per optimizer step (app.training.step_batch; torch 2.13 CPU, 1
     # thread): replay draws, the kappa prior on replayed and sampled rows and the SubM refresh all
-    # enter these numbers. Another torch build may round differently. Seed 4: the step's rows are
-    # drawn in a new order, and with seed 0 no row of the four steps is correct, so nothing enters
-    # SubM's buffer (Expr24 keeps correct rows only) and nothing is replayed. Before, recorded
+    # enter these numbers. Seed 4: the step's rows are drawn in a new order, and with seed 0 no
+    # row of the four steps is correct, so nothing enters SubM's buffer (Expr24 keeps correct rows
+    # only) and nothing is replayed. Before, recorded
     # from main's per-micro-batch rollouts with seed 0: (1749.505..., 0.0999...), (1200.047...,
     # 0.198...), (15.304..., 0.188...), (1034.192..., 0.207...); replay fractions 0.5, 0.5, 0, 0.5.
     cfg = build_config(
@@ -61,12 +61,17 @@ def test_fixed_seed_run_gives_the_losses_recorded_from_main(tmp_path: Path) -> N
     )
     Trainer(cfg, tmp_path, progress=False).train()
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [(r["loss"], r["log_z"]) for r in logged] == [
+    recorded = [
         (156.25000443040017, 0.09999987483024597),
         (914.7251791357994, 0.1964809000492096),
         (1067.4797668457031, 0.29461491107940674),
         (600.416121006012, 0.3937118649482727),
     ]
+    # to 1e-5: another CPU's kernels sum in another order (an AVX-512 Xeon gives the first log Z
+    # 7e-8 off); a lost prior, replay draw or refresh moves the losses by percents
+    for r, (loss, log_z) in zip(logged, recorded, strict=True):
+        assert r["loss"] == pytest.approx(loss, rel=1e-5)
+        assert r["log_z"] == pytest.approx(log_z, rel=1e-5)
     assert [r["replay_frac"] for r in logged] == [0.0, 0.4375, 0.4375, 0.1875]
 
 

@@ -151,6 +151,16 @@ def test_checkpoints_are_pruned_and_complete(tmp_path):
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".tmp")]
 
 
+@pytest.fixture
+def ctrl_c_raises():
+    """Python's own SIGINT handler, as in a terminal: a shell starts background jobs (``pytest
+    &``, nohup) with SIGINT ignored, and the trainer leaves an ignored signal ignored."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_ctrl_c_finishes_the_step_and_checkpoints(tmp_path, monkeypatch):
     trainer = Trainer(small_config(steps=5, checkpoint_every=100), tmp_path, progress=False)
     real = trainer._optimizer_step
@@ -180,6 +190,7 @@ def _signals_after_the_first_step(trainer, monkeypatch, *signums: int) -> None:
     monkeypatch.setattr(trainer, "_optimizer_step", step_then_signal)
 
 
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_sigint_after_sigterm_aborts(tmp_path, monkeypatch):
     trainer = Trainer(small_config(steps=5, checkpoint_every=100), tmp_path, progress=False)
     _signals_after_the_first_step(trainer, monkeypatch, signal.SIGTERM, signal.SIGINT)

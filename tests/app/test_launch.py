@@ -1,0 +1,62 @@
+"""``raptb launch`` before any process starts: its help, and the refusals that need no rank."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from raptb import __version__
+from raptb.app.cli import app
+
+DEEPSPEED_CONFIG = """
+compute_environment: LOCAL_MACHINE
+distributed_type: DEEPSPEED
+deepspeed_config:
+  zero_stage: 2
+num_machines: 1
+machine_rank: 0
+num_processes: 2
+mixed_precision: 'no'
+use_cpu: false
+"""
+
+
+def test_launch_help_shows_the_commands_help():
+    result = CliRunner().invoke(app, ["launch", "--help"])
+    assert result.exit_code == 0, result.output
+    assert "raptb launch [ACCELERATE LAUNCH OPTIONS] train" in " ".join(result.output.split())
+    assert "accelerate launch --help" in result.output
+
+
+def test_a_deepspeed_config_without_deepspeed_is_one_line_exit_2(tmp_path: Path, monkeypatch):
+    if importlib.util.find_spec("deepspeed") is not None:
+        pytest.skip("DeepSpeed is installed: the ranks refuse it (test_distributed)")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    config = tmp_path / "deepspeed.yaml"
+    config.write_text(DEEPSPEED_CONFIG)
+    args = ["launch", "--config_file", str(config), "train", "--out", str(tmp_path / "run")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [
+        "error: DeepSpeed is not supported: raptb trains data-parallel or fully sharded "
+        "(accelerate configs with distributed_type MULTI_GPU / MULTI_CPU, or FSDP)"
+    ]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_launched_rank_skips_the_teardown_that_could_abort_it():
+    """A rank's command is over (files closed, process group left): it ends with the command's
+    code and flushed output even when the interpreter's teardown would abort it, as gloo's threads
+    sometimes did (stood in for by an exit handler that aborts)."""
+    code = "import atexit, os; atexit.register(os.abort); from raptb.app.entry import main; main()"
+    env = {**os.environ, "WORLD_SIZE": "2"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, "--version"], env=env, capture_output=True, text=True
+    )
+    assert (done.returncode, done.stdout) == (0, f"raptb {__version__}\n"), done.stderr
