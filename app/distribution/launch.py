@@ -145,6 +145,26 @@ def launch_command(ctx: typer.Context) -> None:
     launcher waits up to TORCH_ELASTIC_SHUTDOWN_TIMEOUT (default here 600 s) for stopping
     processes. The options are accelerate launch's (accelerate launch --help lists them); raptb
     launch ... train --help shows train's."""
+    if not any(arg in COMMANDS for arg in ctx.args) and {"--help", "-h"} & set(ctx.args):
+        typer.echo(ctx.get_help())
+        raise typer.Exit()
+    options, command = _split(list(ctx.args))
+    _quiet_launcher()
+    # what the ranks read from the launcher's environment, for this launch only (the command
+    # also runs inside another process, e.g. a test's: a later run there must not find it)
+    saved = {name: os.environ.get(name) for name in (SHUTDOWN_ENV, LAUNCHER_PID_ENV, OUTCOME_ENV)}
+    try:
+        _launch(options, command)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _launch(options: list[str], command: list[str]) -> None:
+    """launch_command's body, with its environment restored by the caller."""
     from accelerate.commands.launch import launch_command as accelerate_launch
     from accelerate.commands.launch import launch_command_parser
     from torch.distributed import DistError
@@ -154,11 +174,6 @@ def launch_command(ctx: typer.Context) -> None:
 
     from raptb.app.distribution.distributed import DEEPSPEED_REFUSED
 
-    if not any(arg in COMMANDS for arg in ctx.args) and {"--help", "-h"} & set(ctx.args):
-        typer.echo(ctx.get_help())
-        raise typer.Exit()
-    options, command = _split(list(ctx.args))
-    _quiet_launcher()
     os.environ.setdefault(SHUTDOWN_ENV, str(SHUTDOWN_TIMEOUT))
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks end with this process
     timeout = join_timeout(command)

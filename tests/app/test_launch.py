@@ -13,6 +13,8 @@ from typer.testing import CliRunner
 
 from raptb import __version__
 from raptb.app.cli import app
+from raptb.app.distribution.launch import OUTCOME_ENV
+from raptb.app.parent_death import LAUNCHER_PID_ENV
 
 DEEPSPEED_CONFIG = """
 compute_environment: LOCAL_MACHINE
@@ -48,6 +50,9 @@ def test_a_deepspeed_config_without_deepspeed_is_one_line_exit_2(tmp_path: Path,
         "(accelerate configs with distributed_type MULTI_GPU / MULTI_CPU, or FSDP)"
     ]
     assert not (tmp_path / "run").exists()
+    # the launcher's variables for its ranks are gone with it: a later run in this process (a
+    # test's) must not try to record its outcome into the launch's deleted folder
+    assert {OUTCOME_ENV, LAUNCHER_PID_ENV} & set(os.environ) == set()
 
 
 def test_a_launched_rank_skips_the_teardown_that_could_abort_it():
