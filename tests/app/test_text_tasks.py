@@ -43,12 +43,11 @@ def test_presets_carry_the_papers_columns() -> None:
     assert cg.eval_sample_count == 320 and task_spec("commongen").eval_per_prompt
     assert task_spec("commongen").subm["shingle_on"] == "words"
     amp = build_config(None, {"task": "amp"})
-    assert (amp.steps, amp.optim.grad_accum, amp.optim.clip, amp.replay.capacity) == (
-        5000,
-        4,
-        0.5,
-        200,
-    )
+    assert (amp.steps, amp.optim.clip, amp.replay.capacity) == (5000, 0.5, 200)
+    # the paper's 4 micro-batches of 32 rows; the embedded model takes them as one micro-batch
+    assert (amp.optim.batch_size, amp.optim.grad_accum) == (128, 1)
+    pretrained = build_config(None, {"task": "amp", "model": "smollm2-135m"}).optim
+    assert (pretrained.batch_size, pretrained.grad_accum) == (32, 4)
     o = amp.objective
     assert (o.eta, o.alpha, o.beta, o.rho, o.k_min) == (0.25, 0.5, 5.0, 0.1, (2, 2))
     assert amp.sampling.low_temp_prob == 0.0 and amp.eval_sample_count == 3200
