@@ -31,7 +31,7 @@ from raptb.app.distribution.distributed import (
     leave_process_group,
     per_rank_batch,
 )
-from raptb.app.distribution.launch import record_outcome
+from raptb.app.distribution.launch import hand_to_launcher, record_outcome
 from raptb.app.run_dir.checkpoint import list_checkpoints, remove_stale_temporaries
 from raptb.app.run_dir.resume import CONFIG_FILE, claim_new_run, resumed_config
 from raptb.app.run_dir.run_lock import RunLocked, run_lock
@@ -46,8 +46,11 @@ def _warn(line: str) -> None:
 
 
 def _fail(message: str) -> typer.Exit:
-    """Exit 2 with ``message``, printed once (by rank 0) when several processes share a run."""
-    if dist_rank() == 0:
+    """Exit 2 with ``message``, printed once when several processes share a run: under
+    raptb launch every rank leaves it to the launcher, which prints the first failed rank's (a
+    rank that exits first gets the others stopped, perhaps before rank 0 could print); else rank
+    0 prints it."""
+    if not hand_to_launcher(message) and dist_rank() == 0:
         _err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code=2)
 

@@ -65,3 +65,15 @@ def test_a_launched_rank_skips_the_teardown_that_could_abort_it():
         [sys.executable, "-c", code, "--version"], env=env, capture_output=True, text=True
     )
     assert (done.returncode, done.stdout) == (0, f"raptb {__version__}\n"), done.stderr
+
+
+def test_a_ranks_one_line_error_is_left_to_the_launcher(tmp_path: Path, monkeypatch):
+    """Under raptb launch every rank leaves its one-line error for the launcher, which prints the
+    first failed rank's: a rank other than 0 that fails first gets rank 0 stopped, perhaps before
+    rank 0 could print, and the run would end with no line at all."""
+    from raptb.app.training.train_command import _fail
+
+    monkeypatch.setenv(OUTCOME_ENV, str(tmp_path / "outcome"))
+    monkeypatch.setenv("RANK", "1")
+    assert _fail("optim.batch_size 7 does not split evenly").exit_code == 2
+    assert (tmp_path / "error-rank1").read_text() == "optim.batch_size 7 does not split evenly"
