@@ -14,6 +14,7 @@ import pytest
 
 # node-id prefixes, slowest first (``pytest --durations=30`` on the development machine)
 SLOW_FIRST = (
+    "tests/benchmarks/test_gpu_driver.py::test_first_plan_dry_run",  # ~9 processes, 1.5-3 min
     "tests/app/test_study_run.py::test_toy_study",
     "tests/app/test_cluster.py::test_sigterm_to_every_process",
     "tests/app/test_cluster.py::test_a_stopped_rank",
