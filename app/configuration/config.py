@@ -264,8 +264,9 @@ def _one_micro_batch(data: dict[str, Any]) -> dict[str, Any]:
     """The embedded model's step as one micro-batch: batch_size x grad_accum rows (the task's
     or the defaults) in a single forward and backward, grad_accum 1. The split is a memory knob
     only (the same rows, loss and update: tests/app/test_split_invariance.py), and on a CPU one
-    forward over a step's rows costs less than several over its parts: the main job's step took
-    0.58-0.73x the time of four micro-batches of 32 (benchmarks/train_step.md). Not applied when
+    forward over a step's rows costs no more than several over its parts, usually less: the main
+    job's step took 0.58-0.75x the time of four micro-batches of 32 in four of five side-by-side
+    timings, the same in the fifth (benchmarks/train_step.md). Not applied when
     the file or the flags set either field."""
     fields_ = OptimConfig.model_fields
     optim = data.get("optim", {})
