@@ -27,7 +27,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
 LOCK = HERE / "staging.lock.json"
@@ -162,12 +162,19 @@ def uploads(lock: dict[str, Any], plan: str, tree: int) -> list[int]:
     return [tree + sum(size for _, _, size in load) for load in loads]
 
 
-def check(lock: dict[str, Any], tree: int) -> list[str]:
-    """Problems with the lock: versions that differ from the installed ones, uploads too big."""
+def check(
+    lock: dict[str, Any], tree: int, installed: Callable[[str], str | None] | None = None
+) -> list[str]:
+    """Problems with the lock: versions that differ from the installed ones (or packages not
+    installed here), uploads too big. ``installed``: name -> version or None (default: this
+    environment's)."""
+    installed = installed or _installed_or_none
+    versions = {w["name"]: installed(w["name"]) for w in lock["wheels"]}
     problems = [
-        f"{w['name']}: lock {w['version']}, installed {installed_version(w['name'])}"
+        f"{w['name']}: lock {w['version']}, "
+        + (f"installed {versions[w['name']]}" if versions[w["name"]] else "not installed here")
         for w in lock["wheels"]
-        if installed_version(w["name"]) != w["version"]
+        if versions[w["name"]] != w["version"]
     ]
     problems += [
         f"{plan}, upload {k + 1}: {size / 2**20:.1f} MiB > {UPLOAD_LIMIT / 2**20:.0f} MiB"
@@ -176,6 +183,13 @@ def check(lock: dict[str, Any], tree: int) -> list[str]:
         if size > UPLOAD_LIMIT
     ]
     return problems
+
+
+def _installed_or_none(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _write_upload(

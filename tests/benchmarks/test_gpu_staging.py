@@ -49,11 +49,18 @@ def test_every_plan_stages_in_uploads_that_fit(staging):
                              for w in lock["wheels"]])  # fmt: skip
     with pytest.raises(SystemExit, match="rdkit"):
         staging.check(big, tree)
-    old = dict(
-        lock, wheels=[{**w, "version": "0.0"} for w in lock["wheels"][:1]] + lock["wheels"][1:]
-    )
-    assert staging.check(old, tree) == [
-        f"{lock['wheels'][0]['name']}: lock 0.0, installed {lock['wheels'][0]['version']}"
+    # a lock behind this environment, or naming a package not installed here, is reported
+    # (versions injected: CI's environment need not hold every plan's wheels)
+    pinned = {w["name"]: w["version"] for w in lock["wheels"]}
+    assert staging.check(lock, tree, installed=pinned.get) == []
+    first = lock["wheels"][0]["name"]
+    newer = pinned | {first: "99.0"}
+    assert staging.check(lock, tree, installed=newer.get) == [
+        f"{first}: lock {pinned[first]}, installed 99.0"
+    ]
+    missing = {k: v for k, v in pinned.items() if k != "tzdata"}
+    assert staging.check(lock, tree, installed=missing.get) == [
+        f"tzdata: lock {pinned['tzdata']}, not installed here"
     ]
 
 
