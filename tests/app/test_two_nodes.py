@@ -13,7 +13,7 @@ from pathlib import Path
 
 from raptb.app.distribution.launch import join_timeout
 from raptb.app.run_dir.checkpoint import list_checkpoints
-from tests.app.distributed_worker import free_port
+from tests.app.distributed_worker import cli, free_port, run_ranks
 from tests.app.test_cluster import ROOT, records, train, wait_for_lines
 
 
@@ -38,10 +38,13 @@ def node(rank: int, port: int, args: list[str]) -> subprocess.Popen:
     )
 
 
-def both(tmp_path: Path, run: Path) -> list[subprocess.Popen]:
-    port, args = free_port(), train(tmp_path, run, "--steps", "40")
+def both(tmp_path: Path, run: Path, steps: int = 40, wait: bool = True) -> list[subprocess.Popen]:
+    """Both nodes' launchers of ``train --resume`` for ``steps`` steps; ``wait``: until the run
+    has logged its first step."""
+    port, args = free_port(), train(tmp_path, run, "--steps", str(steps))
     nodes = [node(rank, port, args) for rank in (0, 1)]
-    wait_for_lines(run, 1, nodes[0])
+    if wait:
+        wait_for_lines(run, 1, nodes[0])
     return nodes
 
 
@@ -54,17 +57,27 @@ def ended(proc: subprocess.Popen) -> tuple[int, list[str]]:
     return proc.returncode, [line for line in err.splitlines() if line.startswith("error:")]
 
 
-def test_sigterm_to_one_nodes_launcher_ends_both_nodes_with_143(tmp_path):
+def test_sigterm_to_one_nodes_launcher_ends_both_nodes_with_143_and_both_resume_exactly(
+    tmp_path,
+):
     """Node 1's launcher alone gets SIGTERM: it forwards it to its rank, the ranks agree to stop,
     rank 0 (which got no signal) checkpoints, and both launchers exit 143 (the job requeues both
-    nodes; before, node 1's said the ranks did not stop in time, exit 2, and node 0's exited 0)."""
-    run = tmp_path / "run"
-    nodes = both(tmp_path, run)
+    nodes; before, node 1's said the ranks did not stop in time, exit 2, and node 0's exited 0).
+    The requeued job, ``--resume`` on both nodes, ends with the log of an uninterrupted run of
+    the same two ranks."""
+    ref, run, steps = tmp_path / "ref", tmp_path / "run", 12
+    run_ranks(cli, *train(tmp_path, ref, "--steps", str(steps)))  # uninterrupted, 2 ranks
+    nodes = both(tmp_path, run, steps)
     os.kill(nodes[1].pid, signal.SIGTERM)
     outcomes = [ended(proc) for proc in nodes]
     assert outcomes == [(143, []), (143, [])], outcomes
     done = len(records(run))
-    assert done < 40 and [c.name for c in list_checkpoints(run)] == [f"step-{done:06d}"]
+    assert done < steps, "the run ended before the signal; nothing was tested"
+    assert [c.name for c in list_checkpoints(run)] == [f"step-{done:06d}"]
+
+    outcomes = [ended(proc) for proc in both(tmp_path, run, steps, wait=False)]
+    assert outcomes == [(0, []), (0, [])], outcomes
+    assert records(run) == records(ref)
 
 
 def test_kill_9_of_one_nodes_launcher_stops_its_rank_and_the_run_with_143(tmp_path):
