@@ -1,6 +1,6 @@
 """The ``raptb`` console script's module, kept free of heavy imports.
 
-Worker processes started with ``spawn`` (the reward pool, app.training.reward_calls) re-import the
+Worker processes started with ``spawn`` (the reward pool, app.reward.calls) re-import the
 main module; importing the command line itself here would cost each worker torch and transformers.
 """
 

@@ -25,10 +25,10 @@ from raptb.adapters.plugins import PluginError
 from raptb.app.configuration.config import ConfigError
 from raptb.app.distribution.distributed import PeerFailure
 from raptb.app.distribution.launch import hand_to_launcher
+from raptb.app.reward.calls import RewardFailure
 from raptb.app.run_dir.checkpoint import CheckpointError
 from raptb.app.run_dir.resume import RunMismatch
 from raptb.app.run_dir.run_lock import RunLocked
-from raptb.app.training.reward_calls import RewardFailure
 from raptb.app.training.train import TrainingError
 
 DEBUG_FLAG = "--debug"

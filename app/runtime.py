@@ -1,13 +1,6 @@
-"""Wiring shared by training and evaluation: task, model, policy and the reference prior (the
-per-prefix task reward is app.training.prefix_reward's).
-
-Per-prefix rewards (objectives.md): for a trajectory with tokens x_1..x_tau and every k <= tau,
-
-    u_k     = lambda * S(x_1..x_k)                      (task-only part, scored on the text)
-    log_r_k = kappa * log P_ref(x_1..x_k + stop) + u_k
-
-with log P_ref(x_1..x_k + stop) = sum_{t<k} ref_log_pf[t] + ref_log_pterm[k] from the frozen
-reference model (only computed when kappa > 0).
+"""The run's task and its constrained policy, built from the configuration, shared by training
+and evaluation (the per-prefix reward they also share is app.reward's); ``pad_rows`` lays token
+rows out as one tensor.
 """
 
 from __future__ import annotations
@@ -95,16 +88,6 @@ def _stop_id(tokenizer: PreTrainedTokenizerBase, stop: str | None) -> int:
         except ValueError:
             _log.info("stop %r is not one token of this tokenizer; stopping at EOS", stop)
     return stop_token_id(tokenizer)
-
-
-def reference_log_prob(
-    policy: HFPolicy, prompt: str | Sequence[str], tokens: torch.Tensor, length: torch.Tensor
-) -> torch.Tensor:
-    """log P_ref(prefix_k + stop) [B, T+1] from the frozen reference model (0 after tau)."""
-    ref_pf, ref_pterm = policy.reference_score(prompt, tokens, length)
-    cum = torch.cat([torch.zeros_like(ref_pf[:, :1]), torch.cumsum(ref_pf, dim=1)], dim=1)
-    cols = torch.arange(ref_pterm.shape[1], device=ref_pterm.device)
-    return torch.where(cols[None, :] <= length[:, None], cum + ref_pterm, 0.0)
 
 
 def pad_rows(rows: Sequence[Sequence[int]], max_length: int, pad_id: int) -> torch.Tensor:

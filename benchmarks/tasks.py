@@ -40,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_step import STEP_PARTS, timed_optimizer_step
 
 from raptb.app.configuration.config import build_config
+from raptb.app.reward.prefix import PrefixScorer
 from raptb.app.runtime import build_task
-from raptb.app.training.prefix_reward import PrefixScorer
 from raptb.app.training.step import sample_trajectories
 from raptb.app.training.train import Trainer
 

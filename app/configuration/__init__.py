@@ -1,2 +1,3 @@
 """A run's configuration: ``config`` (``TrainConfig``, ``build_config``, the presets), its
-sections (``sections``, ``rl``) and the generated reference (``reference``)."""
+sections (``sections``, ``rl``, ``report_to``), the loss registry (``losses``) and the generated
+reference (``reference``)."""

@@ -32,6 +32,7 @@ from pydantic import (
 
 from raptb.adapters.registry import TaskOptions, task_names, task_spec
 from raptb.app.configuration.losses import Loss, loss_entry, loss_names
+from raptb.app.configuration.report_to import check_report_to
 from raptb.app.configuration.rl import RLConfig
 from raptb.app.configuration.sections import (
     DistributedConfig,
@@ -44,8 +45,6 @@ from raptb.app.configuration.sections import (
     Section,
     TinyConfig,
 )
-from raptb.app.run_dir.durable import write_atomically
-from raptb.app.run_dir.trackers import check_report_to
 from raptb.core.replay import NO_REPLAY
 from raptb.core.schedules import LinearSchedule
 
@@ -330,11 +329,6 @@ def build_config(file: Path | None = None, overrides: dict[str, Any] | None = No
 def config_toml(config: TrainConfig) -> str:
     """``config`` as TOML (None values are omitted: they mean "default")."""
     return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))
-
-
-def save_config(config: TrainConfig, path: Path) -> None:
-    """Write ``config`` as TOML (see :func:`config_toml`), atomically."""
-    write_atomically(path, config_toml(config))
 
 
 def load_config(path: Path) -> TrainConfig:

@@ -13,17 +13,12 @@ from raptb.adapters.lora import is_adapter_folder
 from raptb.adapters.policy import HFPolicy
 from raptb.app.configuration.config import TrainConfig, load_config
 from raptb.app.run_dir.checkpoint import MODEL_DIR, CheckpointError, newest_usable
+from raptb.app.run_dir.run_config import CONFIG_FILE
 from raptb.app.runtime import build_policy
 from raptb.core.ports import Task
 
-EVAL_DIR = "eval"
 METRICS_FILE = "metrics.json"
-"""The sampled evaluation's metrics, in :func:`eval_dir`."""
-
-
-def eval_dir(run_dir: Path) -> Path:
-    """Folder the evaluation of ``run_dir`` writes to."""
-    return Path(run_dir) / EVAL_DIR
+"""The sampled evaluation's metrics, in the run's ``eval/`` (app.run_dir.eval_folder)."""
 
 
 class EvalError(ValueError):
@@ -42,7 +37,7 @@ def load_run(run_dir: Path) -> tuple[TrainConfig, Path]:
     """The run's configuration and its latest checkpoint folder, or a one-line EvalError."""
     if not run_dir.is_dir():
         raise EvalError(f"run_dir: {run_dir} is not a directory")
-    config_path = run_dir / "config.toml"
+    config_path = run_dir / CONFIG_FILE
     if not config_path.is_file():
         raise EvalError(f"run_dir: {run_dir} has no config.toml (not a run directory)")
     config = load_config(config_path)

@@ -21,8 +21,8 @@ from rich.progress import (
 from raptb.adapters.policy import HFPolicy
 from raptb.adapters.registry import TaskSpec
 from raptb.app.distribution.distributed import DistContext, sampling_seed
+from raptb.app.reward.prefix import PrefixScorer
 from raptb.app.runtime import pad_rows
-from raptb.app.training.prefix_reward import PrefixScorer
 from raptb.core.ports import Task
 
 

@@ -55,7 +55,6 @@ from raptb.app.evaluation.eval_run import (
     METRICS_FILE,
     EvalError,
     checkpoint_policy,
-    eval_dir,
     load_run,
     training_temperature,
 )
@@ -68,13 +67,15 @@ from raptb.app.evaluation.plots import (
     plot_score_by_length,
     plot_training_curves,
 )
+from raptb.app.reward.prefix import PrefixScorer
+from raptb.app.reward.schedule import RewardSchedule
 from raptb.app.run_dir.checkpoint import checkpoint_step
 from raptb.app.run_dir.durable import write_atomically
+from raptb.app.run_dir.eval_folder import eval_dir
+from raptb.app.run_dir.run_config import CONFIG_FILE
 from raptb.app.run_dir.run_log import log_path
 from raptb.app.run_dir.trackers import Trackers
 from raptb.app.runtime import build_policy, build_task
-from raptb.app.training.prefix_reward import PrefixScorer
-from raptb.app.training.reward_schedule import RewardSchedule
 from raptb.core.ports import Task
 
 SAMPLES_FILE = "samples.jsonl"
@@ -136,7 +137,7 @@ def evaluate(
     dist = DistContext.from_accelerate() if dist is None else dist
     # rank 0 checks the run and chooses the checkpoint; the others read the config it validated
     checkpoint = dist.on_main(lambda: load_run(run_dir)[1])
-    config = load_config(run_dir / "config.toml")
+    config = load_config(run_dir / CONFIG_FILE)
     if config.threads is not None:
         # the run's own thread setting: on a few shared cores a small model samples several times
         # faster on one thread than on all of them
@@ -306,5 +307,5 @@ def eval_command(
     if json_output:
         typer.echo((out / METRICS_FILE).read_text(encoding="utf-8"), nl=False)
     else:
-        task = load_config(run_dir / "config.toml").task  # evaluate() has validated it
+        task = load_config(run_dir / CONFIG_FILE).task  # evaluate() has validated it
         _print_summary(metrics, out, task_spec(task))

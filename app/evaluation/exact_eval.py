@@ -33,11 +33,11 @@ from raptb.app.evaluation.eval_run import (
     METRICS_FILE,
     EvalError,
     checkpoint_policy,
-    eval_dir,
     load_run,
 )
 from raptb.app.run_dir.checkpoint import checkpoint_step
 from raptb.app.run_dir.durable import write_atomically
+from raptb.app.run_dir.eval_folder import eval_dir
 from raptb.app.runtime import build_task
 from raptb.core.metrics.exact import compare_with_sampled, exact_metrics
 from raptb.core.ports import Task

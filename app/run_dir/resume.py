@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from raptb.app.configuration.config import TrainConfig, build_config
-from raptb.app.evaluation.eval_run import eval_dir
 from raptb.app.run_dir.checkpoint import checkpoint_dir
+from raptb.app.run_dir.eval_folder import eval_dir
+from raptb.app.run_dir.run_config import CONFIG_FILE
 from raptb.app.run_dir.run_log import log_path
 from raptb.app.run_dir.trackers import tracker_dirs
 
-CONFIG_FILE = "config.toml"
 RESUMABLE_CHANGES = (
     "steps",
     "checkpoint_every",

@@ -15,12 +15,11 @@ A field that is null at a step (``acc`` without on-policy samples) is not writte
 evaluation metrics are the numbers of ``metrics.json`` (nested tables flattened with ``/``, lists
 and the ``eval`` provenance entry left out). Only the process that writes ``metrics.jsonl``
 (rank 0) opens trackers. The packages are optional extras, checked when the configuration is
-validated, so a missing one is a one-line error naming the extra.
+validated (app.configuration.report_to), so a missing one is a one-line error naming the extra.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
@@ -28,34 +27,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
-TRACKERS = ("tensorboard", "wandb")
-"""The ``report_to`` names; each is also the name of its pip extra and of its package."""
-NO_TRACKER = "none"
 TENSORBOARD_DIR = "tensorboard"
 WANDB_DIR = "wandb"
 WANDB_ID_FILE = "run-id"
 DEFAULT_WANDB_PROJECT = "raptb"
-
-
-def check_report_to(value: str | Sequence[str]) -> tuple[str, ...]:
-    """The trackers ``value`` names (``"none"``, one name, or a list of names), in order.
-
-    Raises:
-        ValueError: an unknown name, or a tracker whose package is not installed; the message
-            names the extra to install.
-    """
-    names = [value] if isinstance(value, str) else list(value)
-    if names == [NO_TRACKER]:
-        return ()
-    for name in names:
-        if name not in TRACKERS:
-            raise ValueError(
-                f"unknown tracker {name!r}; use {NO_TRACKER!r}, "
-                f"{', '.join(repr(t) for t in TRACKERS)}, or a list of them"
-            )
-        if importlib.util.find_spec(name) is None:
-            raise ValueError(f"{name!r} needs the {name} package: pip install 'raptb[{name}]'")
-    return tuple(dict.fromkeys(names))
 
 
 def tracker_dirs(run_dir: Path) -> list[Path]:

@@ -29,8 +29,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from raptb.app.configuration.config import save_config
 from raptb.app.parent_death import die_with
+from raptb.app.run_dir.run_config import save_config
 from raptb.app.run_dir.run_lock import lock_holder
 from raptb.app.study.plan import PlannedRun
 from raptb.app.study.state import (

@@ -28,9 +28,9 @@ from raptb.adapters.policy import HFPolicy
 from raptb.adapters.registry import TaskSpec
 from raptb.app.configuration.config import TrainConfig
 from raptb.app.distribution.distributed import DistContext
+from raptb.app.reward.prefix import PrefixScorer
+from raptb.app.reward.schedule import RewardSchedule
 from raptb.app.training.micro_batch import MicroBatch, MicroBatchLoss, MicroBatchTotals
-from raptb.app.training.prefix_reward import PrefixScorer
-from raptb.app.training.reward_schedule import RewardSchedule
 from raptb.core.ports import Task
 from raptb.core.replay import ReplayItem
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from raptb.adapters.policy import HFPolicy
 from raptb.adapters.registry import task_spec
 from raptb.app.configuration.config import ConfigError, TrainConfig
-from raptb.app.training.prefix_reward import PrefixScorer
+from raptb.app.reward.prefix import PrefixScorer
 from raptb.app.training.replay_items import replay_items
 from raptb.core.ports import Task
 from raptb.core.replay import NO_REPLAY, ReplayBuffer, ReplayItem, buffer_class, make_buffer

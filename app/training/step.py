@@ -26,8 +26,8 @@ import torch
 from raptb.adapters.policy import HFPolicy, to_prefix_batch
 from raptb.adapters.registry import TaskSpec, task_spec
 from raptb.adapters.rollout import RolloutTimings
-from raptb.app.runtime import reference_log_prob
-from raptb.app.training.prefix_reward import PrefixScorer
+from raptb.app.reward.prefix import PrefixScorer
+from raptb.app.reward.reference import reference_log_prob
 from raptb.core.gfn.objectives import Objective
 from raptb.core.ports import Score, Task
 

@@ -29,11 +29,15 @@ from rich.console import Console
 
 from raptb.adapters.lora import is_peft_model
 from raptb.adapters.registry import task_spec
-from raptb.app.configuration.config import TrainConfig, save_config
+from raptb.app.configuration.config import TrainConfig
 from raptb.app.distribution.distributed import DistContext, per_rank_batch, sampling_seed
 from raptb.app.distribution.sharding import clip_grad_norm, shard_policy
+from raptb.app.reward.calls import RewardCaller
+from raptb.app.reward.prefix import PrefixScorer
+from raptb.app.reward.schedule import RewardSchedule
 from raptb.app.run_dir.checkpoint import checkpoint_step, latest_checkpoint, newest_usable
 from raptb.app.run_dir.resume import check_steps
+from raptb.app.run_dir.run_config import CONFIG_FILE, save_config
 from raptb.app.run_dir.run_log import cut_log, log_path
 from raptb.app.run_dir.trackers import Trackers
 from raptb.app.runtime import build_policy, build_task
@@ -45,9 +49,6 @@ from raptb.app.training.micro_batch import (
     combine_micro_batch,
     step_result,
 )
-from raptb.app.training.prefix_reward import PrefixScorer
-from raptb.app.training.reward_calls import RewardCaller
-from raptb.app.training.reward_schedule import RewardSchedule
 from raptb.app.training.step import LossResult
 from raptb.app.training.step_batch import step_prompts
 from raptb.app.training.stop_request import StopRequest
@@ -260,7 +261,7 @@ class Trainer:
         cfg = self.cfg
         if self.dist.is_main:  # the other ranks create and delete nothing in the run directory
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(cfg, self.run_dir / "config.toml")
+            save_config(cfg, self.run_dir / CONFIG_FILE)
             cut_log(self.run_dir, self.step)
         self.dist.barrier()
         end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)

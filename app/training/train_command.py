@@ -33,7 +33,8 @@ from raptb.app.distribution.distributed import (
 )
 from raptb.app.distribution.launch import hand_to_launcher, record_outcome
 from raptb.app.run_dir.checkpoint import list_checkpoints, remove_stale_temporaries
-from raptb.app.run_dir.resume import CONFIG_FILE, claim_new_run, resumed_config
+from raptb.app.run_dir.resume import claim_new_run, resumed_config
+from raptb.app.run_dir.run_config import CONFIG_FILE
 from raptb.app.run_dir.run_lock import RunLocked, run_lock
 from raptb.app.training.train import Trainer, TrainingError
 

@@ -23,10 +23,11 @@ from raptb.adapters.exact import exact_log_probs
 from raptb.adapters.models import load_model_and_tokenizer
 from raptb.adapters.tasks.expr24.task import Expr24Task, enumerate_solutions
 from raptb.app.cli import app
-from raptb.app.configuration.config import TrainConfig, save_config
+from raptb.app.configuration.config import TrainConfig
 from raptb.app.evaluation.eval_run import EvalError
 from raptb.app.evaluation.evaluate import evaluate
 from raptb.app.evaluation.exact_eval import EXACT_FILE, exact_evaluate, exact_task_metrics
+from raptb.app.run_dir.run_config import save_config
 from raptb.app.runtime import build_policy
 
 torch.set_num_threads(1)

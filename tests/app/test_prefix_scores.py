@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from raptb.app.training.prefix_reward import PrefixScorer
-from raptb.app.training.reward_calls import RewardCaller
+from raptb.app.reward.calls import RewardCaller
+from raptb.app.reward.prefix import PrefixScorer
 from raptb.core.ports import Score
 
 

@@ -10,7 +10,7 @@ import pytest
 from raptb.adapters.tasks.custom.task import CustomTask, load_callable
 from raptb.adapters.tasks.expr24.task import Expr24Task
 from raptb.adapters.tasks.smiles.task import DEFAULT_SCAFFOLD, SmilesTask
-from raptb.app.training.reward_calls import RewardCaller, RewardFailure
+from raptb.app.reward.calls import RewardCaller, RewardFailure
 from tests.app.test_crash_safety import records, run_main
 
 REWARDS = "tests.app.flaky_rewards"

@@ -18,9 +18,9 @@ from raptb.adapters.models import SMOLLM2
 from raptb.adapters.tasks.smiles.task import SmilesTask
 from raptb.app.cli import app
 from raptb.app.configuration.config import build_config
+from raptb.app.reward.calls import RewardCaller
+from raptb.app.reward.prefix import PrefixScorer
 from raptb.app.runtime import build_policy
-from raptb.app.training.prefix_reward import PrefixScorer
-from raptb.app.training.reward_calls import RewardCaller
 from raptb.app.training.train import Trainer
 from raptb.core.ports import Score
 

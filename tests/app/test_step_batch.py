@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from raptb.adapters.tasks.expr24.task import Expr24Task
+from raptb.app.reward.prefix import PrefixScorer
 from raptb.app.runtime import build_policy, pad_rows
 from raptb.app.training.mix_schedule import Mix
-from raptb.app.training.prefix_reward import PrefixScorer
 from raptb.app.training.replay_items import new_items, replay_items
 from raptb.app.training.step import reward, sample_trajectories
 from raptb.app.training.step_batch import (

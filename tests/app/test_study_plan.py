@@ -19,7 +19,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from raptb.app.cli import app
-from raptb.app.configuration.config import TrainConfig, build_config, save_config
+from raptb.app.configuration.config import TrainConfig, build_config
+from raptb.app.run_dir.run_config import save_config
 from raptb.app.run_dir.run_lock import run_lock
 from raptb.app.run_dir.run_log import read_log
 from raptb.app.study.command import write_report

@@ -11,7 +11,7 @@ loss is a variance over the batch, holds the logZ estimate of all the step's row
 micro-batch). The buffer is refreshed once per step, with the step's on-policy rows.
 
 Every trajectory is re-scored by the current policy in one teacher-forced forward pass (with
-gradients). Rewards (app.training.reward_schedule): on-policy rows are scored with the task;
+gradients). Rewards (app.reward.schedule): on-policy rows are scored with the task;
 replayed rows reuse the task-only rewards u stored with them unless lambda or the reward
 temperature is scheduled (then they are scored again, through the cache); when kappa > 0 the
 reference term kappa log P_ref is recomputed from the frozen reference model for every row.

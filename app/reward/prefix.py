@@ -1,7 +1,7 @@
 """The per-prefix task reward u_k = lambda S(x_1..x_k) of every prefix of a trajectory
 (objectives.md), the heart of the prefix objectives: :class:`PrefixScorer` scores the prefixes'
 texts through the task (cached, batched, in a worker pool where configured) into
-:class:`ScoredRows`; app.runtime's ``reference_log_prob`` adds the reference prior when kappa > 0.
+:class:`ScoredRows`; app.reward.reference adds the reference prior when kappa > 0.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from itertools import accumulate
 import numpy as np
 
 from raptb.adapters.policy import HFPolicy
-from raptb.app.training.reward_calls import RewardCaller
+from raptb.app.reward.calls import RewardCaller
 from raptb.core.ports import Score, Task, TaskCapabilities
 
 # Entries of the prefix-score cache for a task that declares no ``score_cache_size``: a long run
