@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from raptb.adapters.registry import TaskSpec, register_task
-from raptb.core.metrics import expr24_metrics
+from raptb.adapters.tasks.expr24.metrics import expr24_metrics
 from raptb.core.ports import Score, check_length_bounds
 
 DIGITS = "123456789"

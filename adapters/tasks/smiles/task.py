@@ -38,7 +38,7 @@ from pydantic import Field
 
 from raptb.adapters.registry import TaskOptions, TaskSpec, register_task
 from raptb.adapters.tasks.smiles.chem_fp import morgan_packed
-from raptb.core.metrics import smiles_metrics
+from raptb.adapters.tasks.smiles.metrics import smiles_metrics
 from raptb.core.ports import Score, check_length_bounds
 
 if TYPE_CHECKING:
