@@ -28,11 +28,11 @@ from raptb.core.replay import replay_kwargs
 
 # Modules that register the shipped tasks, in the order ``--task`` lists them.
 BUILTIN_TASK_MODULES = (
-    "raptb.adapters.tasks.expr24.task",
-    "raptb.adapters.tasks.smiles.task",
+    "raptb.adapters.tasks.expr24.spec",
+    "raptb.adapters.tasks.smiles.spec",
     "raptb.adapters.tasks.commongen.spec",
     "raptb.adapters.tasks.amp.spec",
-    "raptb.adapters.tasks.custom.task",
+    "raptb.adapters.tasks.custom.spec",
 )
 
 

@@ -1,4 +1,5 @@
 """The shipped tasks, one folder each with everything of the task together: ``expr24``,
-``smiles``, ``commongen``, ``amp``, ``custom`` (a user's reward). Each registers its
-``TaskSpec`` (adapters.registry) when imported; their data files sit in its ``files/`` with their
-provenance and licence."""
+``smiles``, ``commongen``, ``amp``, ``custom`` (a user's reward). In every folder ``task`` is the
+task (a :class:`raptb.core.ports.Task`) and ``spec`` its registry entry, the ``TaskSpec``
+(adapters.registry) it registers when imported; their data files sit in its ``files/`` with
+their provenance and licence."""

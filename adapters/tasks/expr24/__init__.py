@@ -1,2 +1,2 @@
-"""Expr24: arithmetic expressions over single digits that evaluate to 24 (``task``) and its
-report (``metrics``)."""
+"""Expr24: arithmetic expressions over single digits that evaluate to 24: the task (``task``),
+its report (``metrics``) and registry entry (``spec``)."""

@@ -1,2 +1,2 @@
 """Scaffold-conditioned SMILES scored by QED: the task (``task``), its RDKit fingerprints
-(``chem_fp``) and its report (``metrics``)."""
+(``chem_fp``), its report (``metrics``) and registry entry (``spec``)."""
