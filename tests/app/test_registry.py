@@ -92,6 +92,49 @@ def test_a_name_registers_once() -> None:
         register_task(replace(toy_task.SPEC, name="a-b"))
 
 
+# Each built-in task's SubM column as written in its spec before the shared presets
+# (adapters.tasks.subm_presets): the specs now compose them, and must still give these.
+SUBM_COLUMNS = {
+    "expr24": {
+        "subm_weights": (1.0, 1.0, 1.0, 0.0),
+        "gating_ratio": 1.0,
+        "similarity": "jaccard",
+        "shingle_k": 2,
+        "shingle_on": "text",
+    },
+    "smiles": {
+        "subm_weights": (1.0, 1.0, 1.0, 1.0),
+        "gating_ratio": 0.0,
+        "similarity": "tanimoto",
+        "length_bin_size": 1,
+    },
+    "commongen": {
+        "subm_weights": (1.0, 1.0, 2.0, 0.0),
+        "gating_ratio": 1.0,
+        "similarity": "jaccard",
+        "shingle_k": 1,
+        "shingle_on": "words",
+        "length_bin_size": 4,
+    },
+    **{
+        name: {
+            "subm_weights": (1.0, 1.0, 1.0, 1.0),
+            "gating_ratio": 0.0,
+            "similarity": "jaccard",
+            "shingle_k": 2,
+            "shingle_on": "text",
+            "length_bin_size": 1,
+        }
+        for name in ("amp", "custom")
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(SUBM_COLUMNS))
+def test_builtin_subm_presets_are_the_columns(name: str) -> None:
+    assert dict(task_spec(name).subm) == SUBM_COLUMNS[name]
+
+
 def test_builtin_specs_keep_the_paper_presets() -> None:
     expr24, smiles, custom = (task_spec(n) for n in ("expr24", "smiles", "custom"))
     assert replay_kwargs("subm", expr24.subm) == EXPR24_SUBM

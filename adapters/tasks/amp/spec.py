@@ -18,6 +18,7 @@ from raptb.adapters.registry import TaskOptions, TaskSpec, register_task
 from raptb.adapters.tasks.amp.metrics import TOP_K, amp_metrics
 from raptb.adapters.tasks.amp.oracle import FORMER_MACREL_ORACLE, MACREL_ORACLE
 from raptb.adapters.tasks.amp.task import DEFAULT_PROMPT, AmpTask, training_peptides
+from raptb.adapters.tasks.subm_presets import STRING_SUBM
 from raptb.core.metrics import sequence_metrics
 
 
@@ -75,14 +76,7 @@ SPEC = register_task(
         build=_build,
         metrics=_metrics,
         headline=("Perf", "Div", "Novelty", "Len", "TopK", "acc", "unique", "log_pterm"),
-        subm={
-            "subm_weights": (1.0, 1.0, 1.0, 1.0),
-            "gating_ratio": 0.0,
-            "similarity": "jaccard",
-            "shingle_k": 2,
-            "shingle_on": "text",
-            "length_bin_size": 1,
-        },
+        subm=STRING_SUBM,
         defaults={
             "steps": 5000,
             "reward": {"kappa": 1.0, "reward_scale": 50.0},

@@ -10,6 +10,7 @@ from pydantic import Field
 from raptb.adapters.dotted_path import CallablePath
 from raptb.adapters.registry import TaskOptions, TaskSpec, register_task
 from raptb.adapters.tasks.custom.task import CustomTask
+from raptb.adapters.tasks.subm_presets import STRING_SUBM
 from raptb.core.metrics import sequence_metrics
 
 
@@ -61,13 +62,6 @@ SPEC = register_task(
         headline=("acc", "score", "unique", "uniq_rate", "entropy", "len_mean", "log_pterm"),
         # Any string reward: the paper's string similarity (Jaccard on character 2-grams of the
         # text) with every term on, length-aware like the SMILES column, no gating.
-        subm={
-            "subm_weights": (1.0, 1.0, 1.0, 1.0),
-            "gating_ratio": 0.0,
-            "similarity": "jaccard",
-            "shingle_k": 2,
-            "shingle_on": "text",
-            "length_bin_size": 1,
-        },
+        subm=STRING_SUBM,
     )
 )

@@ -10,6 +10,7 @@ from typing import Any
 from raptb.adapters.registry import TaskSpec, register_task
 from raptb.adapters.tasks.expr24.metrics import expr24_metrics
 from raptb.adapters.tasks.expr24.task import MAX_ENUMERABLE_LENGTH, Expr24Task, enumerate_solutions
+from raptb.adapters.tasks.subm_presets import JACCARD_CHARACTER_BIGRAMS
 from raptb.core.ports import Score
 
 
@@ -46,11 +47,9 @@ SPEC = register_task(
         ),
         # Paper Table "Submodular replay hyperparameters (Expr24)".
         subm={
+            **JACCARD_CHARACTER_BIGRAMS,
             "subm_weights": (1.0, 1.0, 1.0, 0.0),
             "gating_ratio": 1.0,
-            "similarity": "jaccard",
-            "shingle_k": 2,
-            "shingle_on": "text",
         },
         eval_samples=6400,
         solutions=lambda task: enumerate_solutions(task.max_length),

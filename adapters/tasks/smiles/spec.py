@@ -11,6 +11,7 @@ from pydantic import Field
 from raptb.adapters.registry import TaskOptions, TaskSpec, register_task
 from raptb.adapters.tasks.smiles.metrics import smiles_metrics
 from raptb.adapters.tasks.smiles.task import DEFAULT_SCAFFOLD, SmilesTask, read_scaffolds
+from raptb.adapters.tasks.subm_presets import EVERY_TERM_SUBM
 
 
 class SmilesOptions(TaskOptions):
@@ -73,12 +74,7 @@ SPEC = register_task(
         ),
         # Paper Table "Submodular replay hyperparameters (SMILES)": Tanimoto on the merged
         # molecules' fingerprints (``item_features``).
-        subm={
-            "subm_weights": (1.0, 1.0, 1.0, 1.0),
-            "gating_ratio": 0.0,
-            "similarity": "tanimoto",
-            "length_bin_size": 1,
-        },
+        subm={**EVERY_TERM_SUBM, "similarity": "tanimoto"},
         replay_score="best_prefix",
         # The paper's SMILES column of its hyperparameter tables.
         defaults={
