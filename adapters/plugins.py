@@ -1,5 +1,6 @@
 """Tasks and objectives from installed packages: the entry-point groups ``raptb.tasks`` and
-``raptb.objectives``.
+``raptb.objectives``. raptb declares its own built-in tasks the same way, in its own
+``pyproject.toml``; its entry points are read first, by name.
 
 A package adds a task or a GFlowNet objective to ``raptb train``, ``raptb eval`` and ``raptb
 study`` (whose runs are child processes: each reads the entry points again) by declaring, in its
@@ -21,7 +22,7 @@ one-line message naming the entry point (``raptb`` exits with 2).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -30,6 +31,8 @@ from raptb.core.rl.objectives import RL_OBJECTIVES
 
 TASK_GROUP = "raptb.tasks"
 OBJECTIVE_GROUP = "raptb.objectives"
+OWN_DISTRIBUTION = "raptb"
+"""The distribution whose entry points are the built-in ones (loaded before any plug-in's)."""
 
 
 class PluginError(ValueError):
@@ -44,14 +47,16 @@ _loaded_groups: dict[str, PluginError | None] = {}
 """The groups read in this process, each with the error its reading raised (None: it loaded)."""
 
 
-def load_group_once(group: str, check: Callable[[EntryPoint, Any], None]) -> None:
+def load_group_once(
+    group: str, check: Callable[[EntryPoint, Any], None], *, builtin: bool = False
+) -> None:
     """:func:`load_group` on the first call for ``group``; later calls do nothing, or raise the
     first call's :class:`PluginError` again, so a broken plug-in fails every lookup, not only the
     first (which may come from ``--help`` text built while the command line is imported)."""
     if group not in _loaded_groups:
         _loaded_groups[group] = None
         try:
-            load_group(group, check)
+            load_group(group, check, builtin=builtin)
         except PluginError as exc:
             _loaded_groups[group] = exc
     error = _loaded_groups[group]
@@ -59,10 +64,37 @@ def load_group_once(group: str, check: Callable[[EntryPoint, Any], None]) -> Non
         raise PluginError(str(error))
 
 
-def load_group(group: str, check: Callable[[EntryPoint, Any], None]) -> None:
+def is_builtin(point: EntryPoint) -> bool:
+    """Whether raptb itself declares ``point`` (in its ``pyproject.toml``)."""
+    dist = getattr(point, "dist", None)
+    return dist is not None and dist.name == OWN_DISTRIBUTION
+
+
+def _ordered(points: Iterable[EntryPoint]) -> list[EntryPoint]:
+    """raptb's own entry points by name (installers write them in any order; setuptools sorts
+    them), then the plug-ins' in the order they are found."""
+    own = sorted((p for p in points if is_builtin(p)), key=lambda point: point.name)
+    return own + [p for p in points if not is_builtin(p)]
+
+
+def load_group(
+    group: str, check: Callable[[EntryPoint, Any], None], *, builtin: bool = False
+) -> None:
     """Load every entry point of ``group`` and hand it to ``check`` (which registers it or raises
-    ValueError); any failure is a one-line :class:`PluginError` naming the entry point."""
-    for point in entry_points(group=group):
+    ValueError); any failure is a one-line :class:`PluginError` naming the entry point.
+
+    raptb's own entry points come first, by name (a plug-in's that reuses a built-in name is
+    then the one refused). ``builtin``: raptb itself declares entry points in ``group``, so their
+    absence means an installation older than them (an editable install keeps the entry points of
+    the day it was made): PluginError saying so.
+    """
+    points = _ordered(list(entry_points(group=group)))
+    if builtin and not any(map(is_builtin, points)):
+        raise PluginError(
+            f"the installed raptb declares none of its {group} entry points (an editable install "
+            "made before they existed keeps the old list): reinstall it, pip install -e ."
+        )
+    for point in points:
         try:
             loaded = point.load()
         except Exception as exc:  # a plug-in's import may fail in any way

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from raptb.adapters.dotted_path import CallablePath
-from raptb.adapters.registry import TaskOptions, TaskSpec, register_task
+from raptb.adapters.registry import TaskOptions, TaskSpec
 from raptb.adapters.tasks.custom.task import CustomTask
 from raptb.adapters.tasks.subm_presets import STRING_SUBM
 from raptb.core.metrics import sequence_metrics
@@ -51,17 +51,15 @@ def _metrics(task: CustomTask, rows: list[dict[str, Any]]) -> dict[str, Any]:
     return sequence_metrics(rows, max_depth=task.max_length)
 
 
-SPEC = register_task(
-    TaskSpec(
-        name="custom",
-        summary="your own reward function, needs --reward",
-        options=CustomOptions,
-        required=("reward",),
-        build=_build,
-        metrics=_metrics,
-        headline=("acc", "score", "unique", "uniq_rate", "entropy", "len_mean", "log_pterm"),
-        # Any string reward: the paper's string similarity (Jaccard on character 2-grams of the
-        # text) with every term on, length-aware like the SMILES column, no gating.
-        subm=STRING_SUBM,
-    )
+SPEC = TaskSpec(
+    name="custom",
+    summary="your own reward function, needs --reward",
+    options=CustomOptions,
+    required=("reward",),
+    build=_build,
+    metrics=_metrics,
+    headline=("acc", "score", "unique", "uniq_rate", "entropy", "len_mean", "log_pterm"),
+    # Any string reward: the paper's string similarity (Jaccard on character 2-grams of the
+    # text) with every term on, length-aware like the SMILES column, no gating.
+    subm=STRING_SUBM,
 )

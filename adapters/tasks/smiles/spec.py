@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import Field
 
-from raptb.adapters.registry import TaskOptions, TaskSpec, register_task
+from raptb.adapters.registry import TaskOptions, TaskSpec
 from raptb.adapters.tasks.smiles.metrics import smiles_metrics
 from raptb.adapters.tasks.smiles.task import DEFAULT_SCAFFOLD, SmilesTask, read_scaffolds
 from raptb.adapters.tasks.subm_presets import EVERY_TERM_SUBM
@@ -54,35 +54,33 @@ def _metrics(task: SmilesTask, rows: list[dict[str, Any]]) -> dict[str, Any]:
     return smiles_metrics(rows, fingerprints, max_depth=task.max_length)
 
 
-SPEC = register_task(
-    TaskSpec(
-        name="smiles",
-        summary="scaffold-conditioned fragments scored by QED with RDKit",
-        options=SmilesOptions,
-        build=_build,
-        metrics=_metrics,
-        headline=(
-            "acc",
-            "score",
-            "entropy",
-            "fp_div",
-            "macro_fp",
-            "len_mean",
-            "uniq_str",
-            "uniq_mol",
-            "log_pterm",
-        ),
-        # Paper Table "Submodular replay hyperparameters (SMILES)": Tanimoto on the merged
-        # molecules' fingerprints (``item_features``).
-        subm={**EVERY_TERM_SUBM, "similarity": "tanimoto"},
-        replay_score="best_prefix",
-        # The paper's SMILES column of its hyperparameter tables.
-        defaults={
-            "reward": {"kappa": 1.0, "reward_scale": 50.0},
-            "objective": {"alpha": 0.5, "beta": 5.0, "rho": 0.1, "k_min": [5, 2]},
-        },
-        eval_samples=3200,
-        length_table=("count", "frac", "score", "fp_div", "uniq_mol"),
-        length_plots=(("fp_div", "FPDiv by length"),),
-    )
+SPEC = TaskSpec(
+    name="smiles",
+    summary="scaffold-conditioned fragments scored by QED with RDKit",
+    options=SmilesOptions,
+    build=_build,
+    metrics=_metrics,
+    headline=(
+        "acc",
+        "score",
+        "entropy",
+        "fp_div",
+        "macro_fp",
+        "len_mean",
+        "uniq_str",
+        "uniq_mol",
+        "log_pterm",
+    ),
+    # Paper Table "Submodular replay hyperparameters (SMILES)": Tanimoto on the merged
+    # molecules' fingerprints (``item_features``).
+    subm={**EVERY_TERM_SUBM, "similarity": "tanimoto"},
+    replay_score="best_prefix",
+    # The paper's SMILES column of its hyperparameter tables.
+    defaults={
+        "reward": {"kappa": 1.0, "reward_scale": 50.0},
+        "objective": {"alpha": 0.5, "beta": 5.0, "rho": 0.1, "k_min": [5, 2]},
+    },
+    eval_samples=3200,
+    length_table=("count", "frac", "score", "fp_div", "uniq_mol"),
+    length_plots=(("fp_div", "FPDiv by length"),),
 )
