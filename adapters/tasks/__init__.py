@@ -1,6 +1,6 @@
 """The shipped tasks, one folder each with everything of the task together: ``expr24``,
 ``smiles``, ``commongen``, ``amp``, ``custom`` (a user's reward). In every folder ``task`` is the
 task (a :class:`raptb.core.ports.Task`) and ``spec`` its registry entry, the ``TaskSpec``
-(adapters.registry) ``SPEC`` that raptb's ``pyproject.toml`` names in its ``raptb.tasks`` entry
+(adapters.tasks.registry) ``SPEC`` that raptb's ``pyproject.toml`` names in its ``raptb.tasks`` entry
 points, as a plug-in package would; their data files sit in its ``files/`` with their provenance
 and licence."""

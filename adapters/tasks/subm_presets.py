@@ -1,5 +1,5 @@
 """SubM presets the task specs share, as ``[replay]`` options by name (SubM's options schema in
-``raptb.core.replay``; ``TaskSpec.subm`` in adapters.registry).
+``raptb.core.replay``; ``TaskSpec.subm`` in adapters.tasks.registry).
 
 A spec takes a preset as it is, or overrides the fields where its column differs::
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from raptb.adapters.registry import builtin_task_names
+from raptb.adapters.tasks.registry import builtin_task_names
 from raptb.app.cli import app
 from raptb.app.configuration.config import ObjectiveConfig
 from raptb.app.configuration.reference import TABLE_END, TABLE_START, config_fields, markdown_table

@@ -19,7 +19,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from raptb.adapters.models import load_model_and_tokenizer
+from raptb.adapters.lm.models import load_model_and_tokenizer
 from raptb.adapters.tasks.expr24.metrics import expr24_metrics
 from raptb.adapters.tasks.expr24.task import Expr24Task, enumerate_solutions, evaluate_expression
 from raptb.app.cli import app

@@ -21,7 +21,7 @@ PACKAGE = '''
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from raptb.adapters.registry import TaskSpec
+from raptb.adapters.tasks.registry import TaskSpec
 from raptb.core.metrics import sequence_metrics
 from raptb.core.gfn.objectives import TB
 from raptb.core.ports import Score

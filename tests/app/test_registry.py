@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from raptb.adapters.plugins import PluginError, load_group
-from raptb.adapters.registry import builtin_task_names, register_task, task_names, task_spec
+from raptb.adapters.tasks.plugins import PluginError, load_group
+from raptb.adapters.tasks.registry import builtin_task_names, register_task, task_names, task_spec
 from raptb.app.cli import app
 from raptb.app.configuration.config import ConfigError, build_config
 from raptb.app.evaluation.evaluate import evaluate

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from raptb.adapters.registry import TaskOptions, TaskSpec, register_task
+from raptb.adapters.tasks.registry import TaskOptions, TaskSpec, register_task
 from raptb.core.metrics import sequence_metrics
 from raptb.core.ports import Score
 

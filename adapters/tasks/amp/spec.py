@@ -13,11 +13,11 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator
 
-from raptb.adapters.dotted_path import CallablePath
-from raptb.adapters.registry import TaskOptions, TaskSpec
 from raptb.adapters.tasks.amp.metrics import TOP_K, amp_metrics
 from raptb.adapters.tasks.amp.oracle import FORMER_MACREL_ORACLE, MACREL_ORACLE
 from raptb.adapters.tasks.amp.task import DEFAULT_PROMPT, AmpTask, training_peptides
+from raptb.adapters.tasks.dotted_path import CallablePath
+from raptb.adapters.tasks.registry import TaskOptions, TaskSpec
 from raptb.adapters.tasks.subm_presets import STRING_SUBM
 from raptb.core.metrics import sequence_metrics
 

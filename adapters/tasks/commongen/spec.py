@@ -17,7 +17,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from raptb.adapters.registry import TaskOptions, TaskSpec
 from raptb.adapters.tasks.commongen.data import DIAGNOSTIC_SOURCE, load_concept_sets
 from raptb.adapters.tasks.commongen.metrics import (
     EVAL_SAMPLES_PER_SET,
@@ -26,6 +25,7 @@ from raptb.adapters.tasks.commongen.metrics import (
     commongen_metrics,
 )
 from raptb.adapters.tasks.commongen.task import CommonGenTask
+from raptb.adapters.tasks.registry import TaskOptions, TaskSpec
 from raptb.core.metrics import sequence_metrics
 
 STEPS = 2500

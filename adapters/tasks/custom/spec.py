@@ -7,9 +7,9 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from raptb.adapters.dotted_path import CallablePath
-from raptb.adapters.registry import TaskOptions, TaskSpec
 from raptb.adapters.tasks.custom.task import CustomTask
+from raptb.adapters.tasks.dotted_path import CallablePath
+from raptb.adapters.tasks.registry import TaskOptions, TaskSpec
 from raptb.adapters.tasks.subm_presets import STRING_SUBM
 from raptb.core.metrics import sequence_metrics
 

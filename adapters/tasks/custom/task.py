@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from raptb.adapters.dotted_path import load_dotted
+from raptb.adapters.tasks.dotted_path import load_dotted
 from raptb.core.ports import Score
 
 RewardFn = Callable[[str, str], "float | tuple[float, bool] | Score"]

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from raptb.adapters.registry import TaskSpec
 from raptb.adapters.tasks.expr24.metrics import expr24_metrics
 from raptb.adapters.tasks.expr24.task import MAX_ENUMERABLE_LENGTH, Expr24Task, enumerate_solutions
+from raptb.adapters.tasks.registry import TaskSpec
 from raptb.adapters.tasks.subm_presets import JACCARD_CHARACTER_BIGRAMS
 from raptb.core.ports import Score
 

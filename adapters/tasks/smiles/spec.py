@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import Field
 
-from raptb.adapters.registry import TaskOptions, TaskSpec
+from raptb.adapters.tasks.registry import TaskOptions, TaskSpec
 from raptb.adapters.tasks.smiles.metrics import smiles_metrics
 from raptb.adapters.tasks.smiles.task import DEFAULT_SCAFFOLD, SmilesTask, read_scaffolds
 from raptb.adapters.tasks.subm_presets import EVERY_TERM_SUBM

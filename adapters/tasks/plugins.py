@@ -7,14 +7,14 @@ study`` (whose runs are child processes: each reads the entry points again) by d
 ``pyproject.toml``::
 
     [project.entry-points."raptb.tasks"]
-    vowels = "mypkg.vowels:SPEC"          # an adapters.registry.TaskSpec
+    vowels = "mypkg.vowels:SPEC"          # an adapters.tasks.registry.TaskSpec
 
     [project.entry-points."raptb.objectives"]
     scaled_tb = "mypkg.losses:ScaledTB"   # a core.gfn.objectives.Objective subclass
 
 The entry point's name must equal the task's (the spec's ``name``) or objective's (the class's
 ``name``) so that a run's configuration names what was loaded. Entry points are read once per
-process, on the first registry lookup (``adapters.registry.task_names``/``task_spec``, and
+process, on the first registry lookup (``adapters.tasks.registry.task_names``/``task_spec``, and
 :func:`objective_names`, which configuration validation calls). One that cannot be imported, is
 of the wrong type, or clashes with a name already registered raises :class:`PluginError`, a
 one-line message naming the entry point (``raptb`` exits with 2).
@@ -130,7 +130,7 @@ def _register_objective(point: EntryPoint, cls: Any) -> None:
 
 def load_objective_plugins() -> None:
     """Register the objectives of the ``raptb.objectives`` entry points (once per process; the
-    tasks' group is read by adapters.registry)."""
+    tasks' group is read by adapters.tasks.registry)."""
     load_group_once(OBJECTIVE_GROUP, _register_objective)
 
 
