@@ -41,8 +41,8 @@ by step along its tokens, timing only the mask: "old" is ``GrammarBatch.next_mas
 false on the CPU and for eager) with ``graph_capture_error``, and the measurement's details.
 
 ``--baseline FILE`` instead alternates the ``sample_rollout`` of another version of
-``raptb.adapters.lm.rollout`` (e.g. ``git show main:adapters/lm/rollout.py > FILE``) with the current one
-on the eager path, requires bit-identical rollouts, and prints both medians.
+``raptb.adapters.lm.rollout`` (e.g. ``git show main:adapters/lm/rollout.py > FILE``) with the
+current one on the eager path, requires bit-identical rollouts, and prints both medians.
 
 ``--split N`` instead alternates one ``sample_rollout`` of ``--rows`` rows and N rollouts of
 rows / N each (the trainer's layout after and before one rollout per optimizer step), on the

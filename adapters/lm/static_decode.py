@@ -1,8 +1,9 @@
 """Static-shape decoding of the constrained rollout: a preallocated KV cache, fixed batch buckets
 and, on CUDA, each token step replayed as CUDA graphs.
 
-The rollout is ``raptb.adapters.lm.rollout``'s: the same behaviour mask, the same recorded untempered,
-unmasked log-probs (``token_log_probs``) and the same random draws. Only how a step runs differs:
+The rollout is ``raptb.adapters.lm.rollout``'s: the same behaviour mask, the same recorded
+untempered, unmasked log-probs (``token_log_probs``) and the same random draws. Only how a step
+runs differs:
 
 - the KV cache is a transformers ``StaticCache`` of C = P + T positions (P: the longest prompt
   in tokens, shorter prompts left-padded with attention 0 and positions cumsum(mask) - 1;

@@ -11,8 +11,8 @@ Entries come from three places, read once per process on the first lookup:
 
 - the built-in losses: every GFlowNet objective of ``core.gfn.objectives`` with the GFlowNet
   algorithm, then GRPO and PPO with theirs;
-- the ``raptb.objectives`` entry points (adapters.tasks.plugins): a GFlowNet objective class, trained
-  by the GFlowNet algorithm;
+- the ``raptb.objectives`` entry points (adapters.tasks.plugins): a GFlowNet objective class,
+  trained by the GFlowNet algorithm;
 - the ``raptb.losses`` entry points: a :class:`Loss`, e.g. an RL loss with its own algorithm::
 
       [project.entry-points."raptb.losses"]

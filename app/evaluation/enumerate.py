@@ -1,7 +1,7 @@
 """``raptb enumerate TASK``: the exact solution set of an enumerable task, counted by length.
 
-A task is enumerable when its spec (adapters.tasks.registry) gives ``solutions``; of the built-in tasks
-only Expr24 is (its Y* has 75,445 expressions of lengths 3..9, cached on disk under
+A task is enumerable when its spec (adapters.tasks.registry) gives ``solutions``; of the built-in
+tasks only Expr24 is (its Y* has 75,445 expressions of lengths 3..9, cached on disk under
 ``$RAPTB_CACHE_DIR``, default ``~/.cache/raptb``). The task is built with its default options.
 """
 
