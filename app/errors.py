@@ -21,7 +21,7 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.markup import escape
 
-from raptb.adapters.plugins import PluginError
+from raptb.adapters.tasks.plugins import PluginError
 from raptb.app.configuration.config import ConfigError
 from raptb.app.distribution.distributed import PeerFailure
 from raptb.app.distribution.launch import hand_to_launcher

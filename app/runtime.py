@@ -12,12 +12,12 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from raptb.adapters.lora import apply_lora, load_adapter_weights, preferred_dtype
-from raptb.adapters.models import load_model_and_tokenizer
-from raptb.adapters.policy import HFPolicy, default_grammar_threads
-from raptb.adapters.registry import task_spec
-from raptb.adapters.static_decode import DecodeMode
-from raptb.adapters.tokens import legal_token_ids, stop_token_id
+from raptb.adapters.lm.lora import apply_lora, load_adapter_weights, preferred_dtype
+from raptb.adapters.lm.models import load_model_and_tokenizer
+from raptb.adapters.lm.policy import HFPolicy, default_grammar_threads
+from raptb.adapters.lm.static_decode import DecodeMode
+from raptb.adapters.lm.tokens import legal_token_ids, stop_token_id
+from raptb.adapters.tasks.registry import task_spec
 from raptb.app.configuration.config import LoraConfig, TinyConfig, TrainConfig
 from raptb.core.ports import Task, TaskCapabilities
 
@@ -43,7 +43,7 @@ def build_policy(
     """The task's constrained policy on ``model_name`` ('tiny', 'smollm2-135m', a local directory
     or an HF id), on the GPU when there is one (bf16 where supported).
 
-    lora: with ``lora.rank`` >= 1, the model is wrapped with LoRA adapters (adapters.lora);
+    lora: with ``lora.rank`` >= 1, the model is wrapped with LoRA adapters (adapters.lm.lora);
         ``adapter``, a folder written by ``save_pretrained``, then supplies their trained weights.
     device: where the model lives (a launched process's own GPU); default the GPU when there is
         one, else the CPU.

@@ -21,10 +21,10 @@ import time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from raptb.adapters.lora import apply_lora
-from raptb.adapters.models import build_char_tokenizer
-from raptb.adapters.policy import HFPolicy
-from raptb.adapters.tokens import legal_token_ids
+from raptb.adapters.lm.lora import apply_lora
+from raptb.adapters.lm.models import build_char_tokenizer
+from raptb.adapters.lm.policy import HFPolicy
+from raptb.adapters.lm.tokens import legal_token_ids
 
 TOKENIZER = build_char_tokenizer()
 PROMPT = "Generate:"

@@ -13,7 +13,7 @@ sampler's own constrained distribution (the grammar-allowed actions of ``HFPolic
 each position, stop included). It runs each model shape x learning rate for the same CPU
 time (this process's, so that other load on the machine does not shorten a run) and, every
 ``--eval-every`` CPU seconds of training, measures the policy exactly with
-``raptb.adapters.exact.exact_log_probs`` (the evaluator behind ``raptb eval --exact``):
+``raptb.adapters.lm.exact.exact_log_probs`` (the evaluator behind ``raptb eval --exact``):
 exact Acc = pi(Y*), E[distinct correct in N = 6400 draws] and KL(p* || pi | Y*).
 
 ``--subsets K``: the draws come from a fixed random subset of K solutions instead (0: all of
@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from raptb.adapters.exact import exact_log_probs
+from raptb.adapters.lm.exact import exact_log_probs
 from raptb.adapters.tasks.expr24.task import Expr24Task, enumerate_solutions
 from raptb.app.configuration.sections import TinyConfig
 from raptb.app.runtime import build_policy

@@ -20,7 +20,7 @@ import time
 import numpy as np
 import torch
 
-from raptb.adapters.exact import exact_log_probs
+from raptb.adapters.lm.exact import exact_log_probs
 from raptb.adapters.tasks.expr24.task import Expr24Task, enumerate_solutions
 from raptb.app.runtime import build_policy
 

@@ -7,7 +7,7 @@ Usage (from the repository root):
         [--threads 1] [--json FILE]
     python benchmarks/rollout.py --model-config llama-1b --tokenizer DIR --task fixed \
         --lengths 10,64 --rows 32,128,256 --repeats 5 --json FILE
-    python benchmarks/rollout.py --baseline FILE   # another version of raptb.adapters.rollout
+    python benchmarks/rollout.py --baseline FILE   # another version of raptb.adapters.lm.rollout
     python benchmarks/rollout.py --split 4 --rows 128 [--repeats 20]   # one rollout vs four
 
 The policy is the one ``raptb train`` builds (``build_task``, ``build_policy``: the task's
@@ -41,8 +41,8 @@ by step along its tokens, timing only the mask: "old" is ``GrammarBatch.next_mas
 false on the CPU and for eager) with ``graph_capture_error``, and the measurement's details.
 
 ``--baseline FILE`` instead alternates the ``sample_rollout`` of another version of
-``raptb.adapters.rollout`` (e.g. ``git show main:adapters/rollout.py > FILE``) with the current one
-on the eager path, requires bit-identical rollouts, and prints both medians.
+``raptb.adapters.lm.rollout`` (e.g. ``git show main:adapters/lm/rollout.py > FILE``) with the
+current one on the eager path, requires bit-identical rollouts, and prints both medians.
 
 ``--split N`` instead alternates one ``sample_rollout`` of ``--rows`` rows and N rollouts of
 rows / N each (the trainer's layout after and before one rollout per optimizer step), on the
@@ -67,9 +67,9 @@ from typing import Any
 import torch
 from train_step import FIXED_PROMPT, MODEL_CONFIGS, write_random_model
 
-from raptb.adapters.grammar import GrammarBatch, packed_width, unpack_bitmask
-from raptb.adapters.policy import HFPolicy
-from raptb.adapters.rollout import Rollout, sample_rollout
+from raptb.adapters.lm.grammar import GrammarBatch, packed_width, unpack_bitmask
+from raptb.adapters.lm.policy import HFPolicy
+from raptb.adapters.lm.rollout import Rollout, sample_rollout
 from raptb.app.configuration.config import build_config
 from raptb.app.runtime import build_policy, build_task
 from raptb.core.ports import Task

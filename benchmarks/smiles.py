@@ -32,11 +32,11 @@ import time
 
 import torch
 
-from raptb.adapters.lora import apply_lora, preferred_dtype
-from raptb.adapters.models import load_model_and_tokenizer
-from raptb.adapters.policy import HFPolicy, default_grammar_threads
+from raptb.adapters.lm.lora import apply_lora, preferred_dtype
+from raptb.adapters.lm.models import load_model_and_tokenizer
+from raptb.adapters.lm.policy import HFPolicy, default_grammar_threads
+from raptb.adapters.lm.tokens import legal_token_ids, stop_token_id
 from raptb.adapters.tasks.smiles.task import SmilesTask
-from raptb.adapters.tokens import legal_token_ids, stop_token_id
 
 LLAMA_1B = "llama-1b-random"
 

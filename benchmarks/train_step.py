@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from raptb.adapters.policy import HFPolicy
+from raptb.adapters.lm.policy import HFPolicy
 from raptb.app.configuration.config import build_config
 from raptb.app.training.mix_schedule import Mix
 from raptb.app.training.replay_items import new_items
@@ -136,7 +136,7 @@ def random_llama(name: str, tokenizer: Any, seed: int = 0) -> Any:
     dtype (bf16 where supported: no float32 copy, so 32B shapes fit), float32 otherwise."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from raptb.adapters.lora import preferred_dtype
+    from raptb.adapters.lm.lora import preferred_dtype
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     config = LlamaConfig(

@@ -57,7 +57,7 @@ from train_step import (
     write_random_model,
 )
 
-from raptb.adapters.lora import lora_target_modules
+from raptb.adapters.lm.lora import lora_target_modules
 from raptb.app.configuration.config import build_config
 from raptb.app.training.train import Trainer
 

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from raptb.adapters.models import load_model_and_tokenizer
+from raptb.adapters.lm.models import load_model_and_tokenizer
 from raptb.adapters.tasks.expr24.task import Expr24Task
 from raptb.app.configuration.config import build_config
 from raptb.app.training.train import Trainer

@@ -17,7 +17,7 @@ def test_version_comes_from_the_package_metadata():
 
 def test_stable_names_are_the_modules_own():
     from raptb import PrefixBatch, Trainer, objective_by_name, subm_select
-    from raptb.adapters.registry import register_task, task_spec
+    from raptb.adapters.tasks.registry import register_task, task_spec
     from raptb.app.training.train import Trainer as TrainerClass
     from raptb.core.gfn.batch import PrefixBatch as Batch
     from raptb.core.gfn.objectives import objective_by_name as by_name

@@ -8,7 +8,7 @@ see objectives.md "logZ". Schedules run over ``schedule_steps`` optimizer steps 
 run's ``steps``), so a shorter run keeps the paper's schedule shape. Each field is described
 once, here; the CLI help and the docs' reference table are generated from these descriptions.
 
-Everything task-dependent comes from the task registry (adapters.registry): the valid ``task``
+Everything task-dependent comes from the task registry (adapters.tasks.registry): the valid ``task``
 names, one config section per task (``[smiles]``, ``[custom]``), and the task's presets (the
 paper's column for it, e.g. SMILES's kappa 1), applied under the file and the flags.
 """
@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from raptb.adapters.registry import TaskOptions, task_names, task_spec
+from raptb.adapters.tasks.registry import TaskOptions, task_names, task_spec
 from raptb.app.configuration.losses import Loss, loss_entry, loss_names
 from raptb.app.configuration.report_to import check_report_to
 from raptb.app.configuration.rl import RLConfig
@@ -60,12 +60,12 @@ class TrainConfig(Section):
     """
 
     task: str = Field(
-        DEFAULT_TASK, description="Task: a name in the task registry (adapters.registry)."
+        DEFAULT_TASK, description="Task: a name in the task registry (adapters.tasks.registry)."
     )
     loss: str = Field(
         DEFAULT_LOSS,
         description="Objective: tb, subtb, raptb, avg_prefix_tb, root_subtb_logz, vargrad (or "
-        "a plug-in's, adapters.plugins); or the RL baselines grpo, ppo ([rl] section).",
+        "a plug-in's, adapters.tasks.plugins); or the RL baselines grpo, ppo ([rl] section).",
     )
     model: str = Field(
         "tiny",

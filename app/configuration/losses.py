@@ -11,8 +11,8 @@ Entries come from three places, read once per process on the first lookup:
 
 - the built-in losses: every GFlowNet objective of ``core.gfn.objectives`` with the GFlowNet
   algorithm, then GRPO and PPO with theirs;
-- the ``raptb.objectives`` entry points (adapters.plugins): a GFlowNet objective class, trained
-  by the GFlowNet algorithm;
+- the ``raptb.objectives`` entry points (adapters.tasks.plugins): a GFlowNet objective class,
+  trained by the GFlowNet algorithm;
 - the ``raptb.losses`` entry points: a :class:`Loss`, e.g. an RL loss with its own algorithm::
 
       [project.entry-points."raptb.losses"]
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint
 from typing import Any, Literal
 
-from raptb.adapters.plugins import check_named, load_group_once, load_objective_plugins
+from raptb.adapters.tasks.plugins import check_named, load_group_once, load_objective_plugins
 from raptb.app.configuration.rl import PPO_TEMPERATURE
 from raptb.core.gfn.objectives import OBJECTIVES, Objective
 from raptb.core.registry import Registry

@@ -16,7 +16,7 @@ import typer
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from raptb.adapters.registry import task_names, task_spec
+from raptb.adapters.tasks.registry import task_names, task_spec
 from raptb.app.configuration.config import (
     PRETRAINED_PRESET,
     TINY_PRESET,

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from raptb.adapters.static_decode import DecodeMode
+from raptb.adapters.lm.static_decode import DecodeMode
 from raptb.core.gfn.objectives import RapTB
 from raptb.core.replay import BUFFERS, buffer_class, replay_kinds, replay_kwargs
 
@@ -319,7 +319,7 @@ class LoraConfig(Section):
 
 
 class TinyConfig(Section):
-    """Shape of the embedded model (``model = "tiny"`` only; adapters.models): a GPT-2 trained
+    """Shape of the embedded model (``model = "tiny"`` only; adapters.lm.models): a GPT-2 trained
     from scratch with the character tokenizer."""
 
     layers: Annotated[int, Field(ge=1)] = Field(2, description="Transformer blocks.")
@@ -333,5 +333,5 @@ class TinyConfig(Section):
         return self
 
     def shape(self) -> dict[str, int]:
-        """Keyword arguments of ``adapters.models.build_tiny_model``."""
+        """Keyword arguments of ``adapters.lm.models.build_tiny_model``."""
         return {"n_layer": self.layers, "n_embd": self.width, "n_head": self.heads}

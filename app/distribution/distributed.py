@@ -30,7 +30,7 @@ one training run:
 - Checkpoints: rank 0 writes; the file holds every rank's RNG states (:func:`rank_rng_state`).
   Resuming on the same world size restores each rank's streams exactly; on another world size the
   run continues with a warning (ranks without a saved stream get a fresh one).
-- Precision: on CUDA the policy runs in bf16 (``adapters.lora.preferred_dtype``) while logZ stays
+- Precision: on CUDA the policy runs in bf16 (``adapters.lm.lora.preferred_dtype``) while logZ stays
   a float32 parameter; gradients are reduced in their own dtypes. accelerate's
   ``mixed_precision`` setting is not used because the model is not wrapped by ``prepare``.
 - Timeout: every collective waits at most ``distributed.timeout`` seconds (the process group's

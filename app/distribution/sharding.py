@@ -31,7 +31,7 @@ unchanged. What sharding adds:
   in float32; logZ stays a float32 parameter outside the model.
 - **Activation checkpointing** (``fsdp_activation_checkpointing: true``, or ``[optim]
   gradient_checkpointing``): transformers' per-block checkpointing of the rescoring pass
-  (adapters.policy), enabled before sharding; it checkpoints a block's ``forward`` inside the
+  (adapters.lm.policy), enabled before sharding; it checkpoints a block's ``forward`` inside the
   FSDP unit's hooks, so a recomputed block finds its parameters gathered by FSDP's pre-backward
   hook and gathers nothing twice.
 - **Evaluation** (``raptb eval`` under the same launch) does not shard: each rank holds the whole
@@ -48,7 +48,7 @@ import torch
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from raptb.adapters.policy import HFPolicy
+from raptb.adapters.lm.policy import HFPolicy
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """``raptb enumerate TASK``: the exact solution set of an enumerable task, counted by length.
 
-A task is enumerable when its spec (adapters.registry) gives ``solutions``; of the built-in tasks
-only Expr24 is (its Y* has 75,445 expressions of lengths 3..9, cached on disk under
+A task is enumerable when its spec (adapters.tasks.registry) gives ``solutions``; of the built-in
+tasks only Expr24 is (its Y* has 75,445 expressions of lengths 3..9, cached on disk under
 ``$RAPTB_CACHE_DIR``, default ``~/.cache/raptb``). The task is built with its default options.
 """
 
@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from raptb.adapters.registry import task_names, task_spec
+from raptb.adapters.tasks.registry import task_names, task_spec
 
 
 def enumerable_tasks() -> list[str]:

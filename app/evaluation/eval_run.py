@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from raptb.adapters.lora import is_adapter_folder
-from raptb.adapters.policy import HFPolicy
+from raptb.adapters.lm.lora import is_adapter_folder
+from raptb.adapters.lm.policy import HFPolicy
 from raptb.app.configuration.config import TrainConfig, load_config
 from raptb.app.run_dir.checkpoint import MODEL_DIR, CheckpointError, newest_usable
 from raptb.app.run_dir.run_config import CONFIG_FILE

@@ -18,8 +18,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from raptb.adapters.policy import HFPolicy
-from raptb.adapters.registry import TaskSpec
+from raptb.adapters.lm.policy import HFPolicy
+from raptb.adapters.tasks.registry import TaskSpec
 from raptb.app.distribution.distributed import DistContext, sampling_seed
 from raptb.app.reward.prefix import PrefixScorer
 from raptb.app.runtime import pad_rows

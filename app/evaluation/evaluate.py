@@ -48,7 +48,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from raptb.adapters.registry import TaskSpec, task_names, task_spec
+from raptb.adapters.tasks.registry import TaskSpec, task_names, task_spec
 from raptb.app.configuration.config import ConfigError, TrainConfig, load_config
 from raptb.app.distribution.distributed import DistContext, dist_rank, leave_process_group
 from raptb.app.evaluation.eval_run import (

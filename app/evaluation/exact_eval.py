@@ -2,7 +2,7 @@
 
 For an enumerable task (its registry entry lists its solutions: Expr24) with one prompt, the
 behaviour probability at temperature 1 of every solution is computed exactly
-(``raptb.adapters.exact``: same legal tokens, grammar and length rules as sampling, stop
+(``raptb.adapters.lm.exact``: same legal tokens, grammar and length rules as sampling, stop
 included), then reduced to the exact metrics of ``raptb.core.metrics.exact``:
 accuracy pi(Y*), mass per length, KL(p* || pi|Y*) with p* uniform on Y* (the 0/1 reward), and the
 expected number of distinct solutions at N draws. No sampling is done. When ``eval/metrics.json``
@@ -25,9 +25,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from raptb.adapters.exact import exact_log_probs
-from raptb.adapters.policy import HFPolicy
-from raptb.adapters.registry import TaskSpec, task_spec
+from raptb.adapters.lm.exact import exact_log_probs
+from raptb.adapters.lm.policy import HFPolicy
+from raptb.adapters.tasks.registry import TaskSpec, task_spec
 from raptb.app.configuration.config import ConfigError
 from raptb.app.evaluation.eval_run import (
     METRICS_FILE,

@@ -13,7 +13,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from raptb.adapters.policy import HFPolicy
+from raptb.adapters.lm.policy import HFPolicy
 from raptb.app.reward.calls import RewardCaller
 from raptb.core.ports import Score, Task, TaskCapabilities
 

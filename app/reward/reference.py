@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from raptb.adapters.policy import HFPolicy
+from raptb.adapters.lm.policy import HFPolicy
 
 
 def reference_log_prob(

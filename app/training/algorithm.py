@@ -24,8 +24,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from raptb.adapters.policy import HFPolicy
-from raptb.adapters.registry import TaskSpec
+from raptb.adapters.lm.policy import HFPolicy
+from raptb.adapters.tasks.registry import TaskSpec
 from raptb.app.configuration.config import TrainConfig
 from raptb.app.distribution.distributed import DistContext
 from raptb.app.reward.prefix import PrefixScorer

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from raptb.adapters.registry import TaskSpec, task_spec
+from raptb.adapters.tasks.registry import TaskSpec, task_spec
 from raptb.app.reward.prefix import ScoredRows
 from raptb.app.training.step import Rewards, Trajectories
 from raptb.core.ports import Task, TaskCapabilities

@@ -3,8 +3,8 @@ with the task's enumerated solutions (tokenised, scored like rollouts, stored as
 
 from __future__ import annotations
 
-from raptb.adapters.policy import HFPolicy
-from raptb.adapters.registry import task_spec
+from raptb.adapters.lm.policy import HFPolicy
+from raptb.adapters.tasks.registry import task_spec
 from raptb.app.configuration.config import ConfigError, TrainConfig
 from raptb.app.reward.prefix import PrefixScorer
 from raptb.app.training.replay_items import replay_items

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from raptb.adapters.policy import HFPolicy
-from raptb.adapters.value_head import ValueHead, prefix_values
+from raptb.adapters.lm.policy import HFPolicy
+from raptb.adapters.lm.value_head import ValueHead, prefix_values
 from raptb.app.training.step import LossResult, Rewards, Trajectories, agreed_finite
 from raptb.core.rl.base import RLObjective
 from raptb.core.rl.batch import RLBatch, action_log_probs

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from raptb.adapters.policy import HFPolicy, to_prefix_batch
-from raptb.adapters.registry import TaskSpec, task_spec
-from raptb.adapters.rollout import RolloutTimings
+from raptb.adapters.lm.policy import HFPolicy, to_prefix_batch
+from raptb.adapters.lm.rollout import RolloutTimings
+from raptb.adapters.tasks.registry import TaskSpec, task_spec
 from raptb.app.reward.prefix import PrefixScorer
 from raptb.app.reward.reference import reference_log_prob
 from raptb.core.gfn.objectives import Objective

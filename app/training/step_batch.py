@@ -32,8 +32,8 @@ from itertools import pairwise
 import numpy as np
 import torch
 
-from raptb.adapters.policy import HFPolicy
-from raptb.adapters.rollout import RolloutTimings
+from raptb.adapters.lm.policy import HFPolicy
+from raptb.adapters.lm.rollout import RolloutTimings
 from raptb.app.runtime import pad_rows
 from raptb.app.training.mix_schedule import Mix
 from raptb.app.training.step import Trajectories

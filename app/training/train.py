@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from raptb.adapters.lora import is_peft_model
-from raptb.adapters.registry import task_spec
+from raptb.adapters.lm.lora import is_peft_model
+from raptb.adapters.tasks.registry import task_spec
 from raptb.app.configuration.config import TrainConfig
 from raptb.app.distribution.distributed import DistContext, per_rank_batch, sampling_seed
 from raptb.app.distribution.sharding import clip_grad_norm, shard_policy

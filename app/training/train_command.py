@@ -21,7 +21,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from raptb.adapters.registry import task_names, task_spec
+from raptb.adapters.tasks.registry import task_names, task_spec
 from raptb.app.configuration.config import ConfigError, TrainConfig, build_config
 from raptb.app.configuration.reference import config_fields, default_text, field_at
 from raptb.app.distribution.distributed import (

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
 
-from raptb.adapters.lora import is_peft_model, load_adapter_weights
-from raptb.adapters.policy import HFPolicy
+from raptb.adapters.lm.lora import is_peft_model, load_adapter_weights
+from raptb.adapters.lm.policy import HFPolicy
 from raptb.app.configuration.config import TrainConfig
 from raptb.app.distribution.distributed import DistContext, rank_rng_state, restore_rank_rng
 from raptb.app.distribution.sharding import (

@@ -37,13 +37,13 @@ class StageContext:
         folder = self.shared / ("char-tok" if self.dry_run else "tok")
         if not folder.is_dir():
             if self.dry_run:
-                from raptb.adapters.models import build_char_tokenizer
+                from raptb.adapters.lm.models import build_char_tokenizer
 
                 build_char_tokenizer().save_pretrained(folder)
             else:
                 from transformers import AutoTokenizer
 
-                from raptb.adapters.models import smollm2_gguf
+                from raptb.adapters.lm.models import smollm2_gguf
 
                 gguf_folder, name = smollm2_gguf()
                 AutoTokenizer.from_pretrained(gguf_folder, gguf_file=name).save_pretrained(folder)

@@ -110,7 +110,7 @@ def write_tokenizer(dest: Path) -> int:
     """SmolLM2's tokenizer (the random-weight shapes use it) from the installed GGUF; bytes."""
     from transformers import AutoTokenizer
 
-    from raptb.adapters.models import smollm2_gguf
+    from raptb.adapters.lm.models import smollm2_gguf
 
     folder, name = smollm2_gguf()
     AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(dest)

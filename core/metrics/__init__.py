@@ -18,15 +18,17 @@ Modules, one concept each (their docstrings hold the formulas):
 
 - ``sequence``: Acc, Score, Len/Len_q/Count/Frac, log p_term, UniqStr/UniqRate, ragged entropy.
 - ``prefix``: prefix-collapse diagnostics Surv, PefEnt, Eff, Top1, UniqueRate by depth.
-- ``coverage``: Expr24 coverage of the enumerated solutions Y*.
+- ``coverage``: coverage of an enumerated solution set Y* (Expr24's).
 - ``divergence``: position-wise token marginals and stabilised KL / JS.
 - ``diversity``: FPDiv and MacroFP on a pairwise similarity.
 - ``statistics``: the Student-t confidence interval across seeds.
-- ``reports``: the per-task reports (``expr24_metrics``, ``smiles_metrics``,
-  ``sequence_metrics``) that combine the above.
+- ``reports``: the task-neutral report (``sequence_metrics``, and ``sequence_report``, the keys
+  every task's report shares). A task's own report lives with the task (its ``metrics``
+  module, e.g. ``raptb.adapters.tasks.expr24.metrics``) and reaches evaluation through the
+  task's ``TaskSpec.metrics``.
 """
 
-from raptb.core.metrics._arrays import TokenSequence
+from raptb.core.metrics._arrays import TokenSequence, safe_div
 from raptb.core.metrics.coverage import Coverage, coverage, target_distinct
 from raptb.core.metrics.divergence import (
     DIVERGENCE_EPS,
@@ -43,13 +45,7 @@ from raptb.core.metrics.diversity import (
     macro_fp_div,
 )
 from raptb.core.metrics.prefix import PrefixDiagnostics, prefix_diagnostics
-from raptb.core.metrics.reports import (
-    EXPR24_LENGTHS,
-    EvalSample,
-    expr24_metrics,
-    sequence_metrics,
-    smiles_metrics,
-)
+from raptb.core.metrics.reports import require_fields, sequence_metrics, sequence_report
 from raptb.core.metrics.sequence import (
     ENTROPY_EPS,
     accuracy,
@@ -71,10 +67,8 @@ __all__ = [
     "DEFAULT_FP_BINS",
     "DIVERGENCE_EPS",
     "ENTROPY_EPS",
-    "EXPR24_LENGTHS",
     "ConfidenceInterval",
     "Coverage",
-    "EvalSample",
     "MarginalDivergences",
     "PairwiseSimilarity",
     "PrefixDiagnostics",
@@ -82,7 +76,6 @@ __all__ = [
     "accuracy",
     "coverage",
     "entropy_by_length",
-    "expr24_metrics",
     "fp_div",
     "length_count",
     "length_fraction",
@@ -96,8 +89,10 @@ __all__ = [
     "mean_score",
     "prefix_diagnostics",
     "ragged_token_entropy",
+    "require_fields",
+    "safe_div",
     "sequence_metrics",
-    "smiles_metrics",
+    "sequence_report",
     "stabilised_js",
     "stabilised_kl",
     "student_t_quantile",

@@ -1,7 +1,7 @@
 """Exact metrics of a sampler over an enumerated solution set Y*, from exact log-probabilities.
 
 Given log pi(x) for every x in Y* (the behaviour probability, stop included, e.g. from
-``raptb.adapters.exact``) these are the closed forms of what the sampled evaluation estimates:
+``raptb.adapters.lm.exact``) these are the closed forms of what the sampled evaluation estimates:
 
     Acc         = pi(Y*) = sum_{x in Y*} pi(x)
     mass(n)     = sum_{x in Y*, |x| = n} pi(x)                      (|x|: tokens before the stop)

@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from raptb.adapters.lora import apply_lora
-from raptb.adapters.models import build_char_tokenizer, build_tiny_model
-from raptb.adapters.policy import HFPolicy
-from raptb.adapters.tokens import legal_token_ids
+from raptb.adapters.lm.lora import apply_lora
+from raptb.adapters.lm.models import build_char_tokenizer, build_tiny_model
+from raptb.adapters.lm.policy import HFPolicy
+from raptb.adapters.lm.tokens import legal_token_ids
 
 TOKENIZER = build_char_tokenizer()
 ALPHABET = "abcdefgh"

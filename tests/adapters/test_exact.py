@@ -1,4 +1,4 @@
-"""Exact behaviour log-probabilities (adapters.exact) against brute force and against sampling.
+"""Exact behaviour log-probabilities (adapters.lm.exact) against brute force and against sampling.
 
 Reference: a brute-force walk over every token path the sampler can take, one plain causal
 forward pass per visited prefix (no trie, no tree attention, no batching), masks from a grammar
@@ -17,12 +17,12 @@ import xgrammar as xgr
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from raptb.adapters.exact import exact_log_probs
-from raptb.adapters.grammar import compile_grammar
-from raptb.adapters.models import build_tiny_model, load_model_and_tokenizer
-from raptb.adapters.policy import HFPolicy
+from raptb.adapters.lm.exact import exact_log_probs
+from raptb.adapters.lm.grammar import compile_grammar
+from raptb.adapters.lm.models import build_tiny_model, load_model_and_tokenizer
+from raptb.adapters.lm.policy import HFPolicy
+from raptb.adapters.lm.tokens import legal_token_ids, stop_token_id
 from raptb.adapters.tasks.expr24.task import Expr24Task, evaluate_expression, expr24_grammar
-from raptb.adapters.tokens import legal_token_ids, stop_token_id
 
 torch.set_num_threads(1)
 PROMPT = "Expr24:"

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from raptb.adapters.grammar import GrammarBatch, compile_grammar, packed_width, unpack_bitmask
-from raptb.adapters.models import build_char_tokenizer
-from raptb.adapters.tokens import legal_token_ids, token_texts
+from raptb.adapters.lm.grammar import GrammarBatch, compile_grammar, packed_width, unpack_bitmask
+from raptb.adapters.lm.models import build_char_tokenizer
+from raptb.adapters.lm.tokens import legal_token_ids, token_texts
 
 GRAMMAR = 'root ::= num (op num)*\nnum ::= [1-9]\nop ::= "+" | "-" | "*" | "/"'
 ALPHABET = "123456789+-*/"

@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 
-from raptb.adapters.kv_cache import cache_keyword
+from raptb.adapters.lm.kv_cache import cache_keyword
 from tests.adapters.test_policy import GRAMMAR, make_policy
 from tests.adapters.test_static_decode import llama_lora_policy
 

@@ -15,7 +15,7 @@ import json, sys
 def imported():
     return [m for m in {TASK_ONLY!r} if m in sys.modules]
 
-from raptb.adapters.registry import task_names, task_spec
+from raptb.adapters.tasks.registry import task_names, task_spec
 task_spec("expr24")
 for name in task_names():
     task_spec(name).options()
@@ -31,7 +31,7 @@ smiles = build_task(build_config(overrides={{"task": "smiles"}}))
 smiles.score(smiles.prompts()[0], "C")
 commongen = build_task(build_config(overrides={{"task": "commongen"}}))
 commongen.score(commongen.prompts()[0], "A dog runs.")
-from raptb.adapters.grammar import compile_grammar
+from raptb.adapters.lm.grammar import compile_grammar
 compile_grammar(("a",), 'root ::= "a"')
 from raptb.adapters.tasks.amp.metrics import levenshtein_matrix
 levenshtein_matrix(["ab"], ["b"])

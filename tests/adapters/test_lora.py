@@ -9,16 +9,16 @@ import torch
 from peft import PeftModel
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from raptb.adapters.lora import (
+from raptb.adapters.lm.lora import (
     apply_lora,
     is_adapter_folder,
     load_adapter_weights,
     lora_target_modules,
 )
-from raptb.adapters.models import build_char_tokenizer, build_tiny_model
-from raptb.adapters.policy import HFPolicy
+from raptb.adapters.lm.models import build_char_tokenizer, build_tiny_model
+from raptb.adapters.lm.policy import HFPolicy
+from raptb.adapters.lm.tokens import legal_token_ids
 from raptb.adapters.tasks.smiles.task import SmilesTask
-from raptb.adapters.tokens import legal_token_ids
 
 TOKENIZER = build_char_tokenizer()
 TASK = SmilesTask()

@@ -9,13 +9,13 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from raptb.adapters.models import (
+from raptb.adapters.lm.models import (
     PRINTABLE_ASCII,
     build_char_tokenizer,
     build_tiny_model,
     load_model_and_tokenizer,
 )
-from raptb.adapters.tokens import legal_token_ids, special_token_ids, stop_token_id
+from raptb.adapters.lm.tokens import legal_token_ids, special_token_ids, stop_token_id
 
 TOKENIZER = build_char_tokenizer()
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-from raptb.adapters.models import load_model_and_tokenizer
-from raptb.adapters.policy import HFPolicy, default_grammar_threads, to_prefix_batch
-from raptb.adapters.rollout import Rollout
-from raptb.adapters.tokens import legal_token_ids, stop_token_id
+from raptb.adapters.lm.models import load_model_and_tokenizer
+from raptb.adapters.lm.policy import HFPolicy, default_grammar_threads, to_prefix_batch
+from raptb.adapters.lm.rollout import Rollout
+from raptb.adapters.lm.tokens import legal_token_ids, stop_token_id
 from raptb.core.gfn.batch import PrefixBatch
 
 GRAMMAR = 'root ::= num (op num)*\nnum ::= [1-9]\nop ::= "+" | "-" | "*" | "/"'

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raptb.adapters.lora import apply_lora
-from raptb.adapters.policy import HFPolicy
-from raptb.adapters.rollout import Rollout, row_temperatures, token_log_probs
+from raptb.adapters.lm.lora import apply_lora
+from raptb.adapters.lm.policy import HFPolicy
+from raptb.adapters.lm.rollout import Rollout, row_temperatures, token_log_probs
 from tests.adapters.test_policy import GRAMMAR, PROMPT, make_policy
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raptb.adapters.row_prompts import left_padded, row_prompt_ids
+from raptb.adapters.lm.row_prompts import left_padded, row_prompt_ids
 from tests.adapters.test_policy import gen, make_policy
 
 # 1, 3 and 9 prompt tokens (with BOS) on the tiny character-level model

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from rdkit import Chem, DataStructs
 from rdkit.Chem import QED, rdFingerprintGenerator
 
-from raptb.adapters.grammar import GrammarBatch
-from raptb.adapters.models import build_char_tokenizer, smollm2_gguf
+from raptb.adapters.lm.grammar import GrammarBatch
+from raptb.adapters.lm.models import build_char_tokenizer, smollm2_gguf
+from raptb.adapters.lm.tokens import legal_token_ids, token_texts
 from raptb.adapters.tasks.smiles.task import (
     DEFAULT_SCAFFOLD,
     SMILES_GRAMMAR,
@@ -21,7 +22,6 @@ from raptb.adapters.tasks.smiles.task import (
     read_scaffolds,
     smiles_alphabet,
 )
-from raptb.adapters.tokens import legal_token_ids, token_texts
 
 TASK = SmilesTask()
 PROMPT = TASK.prompts()[0]

@@ -8,8 +8,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from raptb.adapters.models import build_char_tokenizer
-from raptb.adapters.tokens import legal_token_ids, stop_token_id, token_texts
+from raptb.adapters.lm.models import build_char_tokenizer
+from raptb.adapters.lm.tokens import legal_token_ids, stop_token_id, token_texts
 
 CORPUS = ["1+2*3 and 4-5/6 or 7+8 then 9*9"] * 50
 ALPHABET = "123456789+-*/"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raptb.adapters.value_head import ValueHead, prefix_values
+from raptb.adapters.lm.value_head import ValueHead, prefix_values
 from raptb.core.rl.batch import RLBatch
 from raptb.core.rl.ppo import PPO
 

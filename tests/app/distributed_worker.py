@@ -27,7 +27,7 @@ import torch.multiprocessing as mp
 from accelerate import PartialState
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from raptb.adapters.registry import task_spec
+from raptb.adapters.tasks.registry import task_spec
 from raptb.app.configuration.config import build_config
 from raptb.app.distribution.distributed import DistContext
 from raptb.app.training.micro_batch import combine_micro_batch
@@ -232,7 +232,7 @@ def clipping(out: Path) -> None:
     """Random gradients on a sharded tiny model plus an unsharded scalar (logZ's role), clipped by
     ``app.distribution.sharding.clip_grad_norm``; saves the whole clipped gradients and the norm
     returned, and the same random gradients unclipped (identical on every rank: one seed)."""
-    from raptb.adapters.models import build_char_tokenizer, build_tiny_model
+    from raptb.adapters.lm.models import build_char_tokenizer, build_tiny_model
     from raptb.app.distribution.sharding import ShardingPlan, clip_grad_norm, shard_model
 
     ctx = DistContext.from_accelerate()

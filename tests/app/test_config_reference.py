@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from raptb.adapters.tasks.registry import builtin_task_names
 from raptb.app.cli import app
 from raptb.app.configuration.config import ObjectiveConfig
 from raptb.app.configuration.reference import TABLE_END, TABLE_START, config_fields, markdown_table
 from raptb.core.gfn.objectives import OBJECTIVES
 
 REFERENCE_PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
-BUILTIN_TASKS = ("expr24", "smiles", "commongen", "amp", "custom")
+BUILTIN_TASKS = builtin_task_names()
 
 
 def test_every_field_is_described() -> None:

@@ -19,7 +19,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from raptb.adapters.models import load_model_and_tokenizer
+from raptb.adapters.lm.models import load_model_and_tokenizer
+from raptb.adapters.tasks.expr24.metrics import expr24_metrics
 from raptb.adapters.tasks.expr24.task import Expr24Task, enumerate_solutions, evaluate_expression
 from raptb.app.cli import app
 from raptb.app.configuration.config import RewardConfig, TrainConfig
@@ -27,7 +28,6 @@ from raptb.app.evaluation.eval_run import EvalError
 from raptb.app.evaluation.evaluate import evaluate
 from raptb.app.run_dir.run_config import save_config
 from raptb.app.runtime import build_policy, pad_rows
-from raptb.core.metrics import expr24_metrics
 
 torch.set_num_threads(1)
 

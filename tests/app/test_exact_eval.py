@@ -19,8 +19,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from raptb.adapters.exact import exact_log_probs
-from raptb.adapters.models import load_model_and_tokenizer
+from raptb.adapters.lm.exact import exact_log_probs
+from raptb.adapters.lm.models import load_model_and_tokenizer
 from raptb.adapters.tasks.expr24.task import Expr24Task, enumerate_solutions
 from raptb.app.cli import app
 from raptb.app.configuration.config import TrainConfig

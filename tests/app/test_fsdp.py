@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from raptb.adapters.models import build_char_tokenizer, build_tiny_model
+from raptb.adapters.lm.models import build_char_tokenizer, build_tiny_model
 from raptb.app.configuration.config import build_config
 from raptb.app.distribution.distributed import DistContext
 from raptb.app.distribution.sharding import ShardingPlan, plan_from_accelerate, shard_model

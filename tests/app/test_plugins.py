@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 PACKAGE = '''
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from raptb.adapters.registry import TaskSpec
+from raptb.adapters.tasks.registry import TaskSpec
 from raptb.core.metrics import sequence_metrics
 from raptb.core.gfn.objectives import TB
 from raptb.core.ports import Score
@@ -65,6 +65,7 @@ SPEC = TaskSpec(
     subm={"similarity": "jaccard", "shingle_k": 1, "shingle_on": "text"},
     eval_samples=8,
 )
+CLASH = replace(SPEC, name="expr24")  # a built-in task's name
 '''
 ENTRY_POINTS = """[raptb.objectives]
 half_tb = raptb_plugin_demo:HalfTB
@@ -144,6 +145,8 @@ def test_a_package_adds_a_task_and_an_objective_to_train_eval_and_study(tmp_path
         ("[raptb.tasks]\nas_task = no_such_module:SPEC\n", "cannot be loaded: ModuleNotFoundError"),
         ("[raptb.tasks]\nas_task = raptb_plugin_demo:HalfTB\n", "must name a TaskSpec"),
         ("[raptb.tasks]\nother = raptb_plugin_demo:SPEC\n", "differs from the entry point's"),
+        # raptb's own entry points load first, whatever the search path: the plug-in is refused
+        ("[raptb.tasks]\nexpr24 = raptb_plugin_demo:CLASH\n", "CLASH): task 'expr24' is already"),
         ("[raptb.objectives]\nhalf_tb = raptb_plugin_demo:SPEC\n", "must name a subclass"),
         ("[raptb.objectives]\ngrpo = raptb_plugin_demo:HalfTB\n", "differs from the entry"),
     ],

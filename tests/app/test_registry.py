@@ -4,13 +4,15 @@ other file changed; built-in specs keep the paper's presets."""
 from __future__ import annotations
 
 import json
+import tomllib
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from raptb.adapters.registry import register_task, task_names, task_spec
+from raptb.adapters.tasks.plugins import PluginError, load_group
+from raptb.adapters.tasks.registry import builtin_task_names, register_task, task_names, task_spec
 from raptb.app.cli import app
 from raptb.app.configuration.config import ConfigError, build_config
 from raptb.app.evaluation.evaluate import evaluate
@@ -92,6 +94,49 @@ def test_a_name_registers_once() -> None:
         register_task(replace(toy_task.SPEC, name="a-b"))
 
 
+# Each built-in task's SubM column as written in its spec before the shared presets
+# (adapters.tasks.subm_presets): the specs now compose them, and must still give these.
+SUBM_COLUMNS = {
+    "expr24": {
+        "subm_weights": (1.0, 1.0, 1.0, 0.0),
+        "gating_ratio": 1.0,
+        "similarity": "jaccard",
+        "shingle_k": 2,
+        "shingle_on": "text",
+    },
+    "smiles": {
+        "subm_weights": (1.0, 1.0, 1.0, 1.0),
+        "gating_ratio": 0.0,
+        "similarity": "tanimoto",
+        "length_bin_size": 1,
+    },
+    "commongen": {
+        "subm_weights": (1.0, 1.0, 2.0, 0.0),
+        "gating_ratio": 1.0,
+        "similarity": "jaccard",
+        "shingle_k": 1,
+        "shingle_on": "words",
+        "length_bin_size": 4,
+    },
+    **{
+        name: {
+            "subm_weights": (1.0, 1.0, 1.0, 1.0),
+            "gating_ratio": 0.0,
+            "similarity": "jaccard",
+            "shingle_k": 2,
+            "shingle_on": "text",
+            "length_bin_size": 1,
+        }
+        for name in ("amp", "custom")
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(SUBM_COLUMNS))
+def test_builtin_subm_presets_are_the_columns(name: str) -> None:
+    assert dict(task_spec(name).subm) == SUBM_COLUMNS[name]
+
+
 def test_builtin_specs_keep_the_paper_presets() -> None:
     expr24, smiles, custom = (task_spec(n) for n in ("expr24", "smiles", "custom"))
     assert replay_kwargs("subm", expr24.subm) == EXPR24_SUBM
@@ -102,3 +147,25 @@ def test_builtin_specs_keep_the_paper_presets() -> None:
 
     assert expr24.is_correct(Score(1.0, True)) and not expr24.is_correct(Score(0.0, True))
     assert smiles.is_correct(Score(0.3, True)) and not smiles.is_correct(Score(0.0, False))
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_builtin_tasks_are_raptbs_own_entry_points() -> None:
+    """Every task folder with a spec is declared in pyproject.toml's raptb.tasks entry points
+    (the one line a new built-in task adds there), and they are what raptb registers first."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = project["entry-points"]["raptb.tasks"]
+    folders = {path.parent.name for path in (ROOT / "adapters" / "tasks").glob("*/spec.py")}
+    assert set(declared) == folders
+    assert declared == {name: f"raptb.adapters.tasks.{name}.spec:SPEC" for name in folders}
+    assert builtin_task_names() == tuple(sorted(folders))
+    assert task_names()[: len(folders)] == builtin_task_names()
+
+
+def test_an_install_without_raptbs_entry_points_says_to_reinstall() -> None:
+    # an editable install older than the entry points lists none of raptb's in the group
+    with pytest.raises(PluginError, match=r"declares none of .* pip install -e \."):
+        load_group("raptb.no-such-group", lambda point, loaded: None, builtin=True)
+    load_group("raptb.no-such-group", lambda point, loaded: None)  # not required: nothing to do

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from raptb.adapters.registry import task_spec
 from raptb.adapters.tasks.expr24.task import Expr24Task
+from raptb.adapters.tasks.registry import task_spec
 from raptb.adapters.tasks.smiles.task import SmilesTask
 from raptb.app.reward.prefix import PrefixScorer, ScoredRows
 from raptb.app.runtime import build_policy

@@ -14,7 +14,7 @@ from rdkit.Chem import QED
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
-from raptb.adapters.models import SMOLLM2
+from raptb.adapters.lm.models import SMOLLM2
 from raptb.adapters.tasks.smiles.task import SmilesTask
 from raptb.app.cli import app
 from raptb.app.configuration.config import build_config

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from raptb.adapters.models import load_model_and_tokenizer
-from raptb.adapters.registry import task_spec
+from raptb.adapters.lm.models import load_model_and_tokenizer
 from raptb.adapters.tasks.amp.metrics import levenshtein_matrix
 from raptb.adapters.tasks.amp.task import training_peptides
 from raptb.adapters.tasks.commongen.data import load_concept_sets
 from raptb.adapters.tasks.commongen.task import CommonGenTask
+from raptb.adapters.tasks.registry import task_spec
 from raptb.app.configuration.config import build_config
 from tests.app.test_crash_safety import records, run_main
 

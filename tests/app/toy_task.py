@@ -1,4 +1,6 @@
-"""A toy task declared the way any task is: one module, one ``TaskSpec``, registered at import.
+"""A toy task: one module, one ``TaskSpec``, registered by hand at import (``register_task``), as
+a test or a script adds one; a package or a shipped task names its spec in a ``raptb.tasks``
+entry point instead.
 
 Texts over "ab"; S(x) = fraction of "a", every non-empty text is valid, and a text is correct
 when it is all "a" (so its solution set, one text per length, is enumerable).
@@ -11,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from raptb.adapters.registry import TaskOptions, TaskSpec, register_task
+from raptb.adapters.tasks.registry import TaskOptions, TaskSpec, register_task
 from raptb.core.metrics import sequence_metrics
 from raptb.core.ports import Score
 

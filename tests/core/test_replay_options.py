@@ -78,7 +78,7 @@ def test_kinds_declare_what_the_run_asks_of_them():
 def test_a_task_preset_that_subm_does_not_take_is_refused_at_registration():
     from dataclasses import replace
 
-    from raptb.adapters.registry import register_task, task_spec
+    from raptb.adapters.tasks.registry import register_task, task_spec
 
     bad = replace(task_spec("expr24"), name="bad_preset", subm={"w_rew": 1.0})
     with pytest.raises(ValueError, match=r"task 'bad_preset': SubM preset: .* does not take w_rew"):

@@ -16,7 +16,7 @@ pytest.importorskip("datasets")
 import numpy as np
 from datasets import Dataset
 
-from raptb.adapters.models import build_char_tokenizer
+from raptb.adapters.lm.models import build_char_tokenizer
 from raptb.integrations.trl import GFlowNetConfig, GFlowNetTrainer
 from tests.integrations.trl_fixtures import (
     CPU_RUN,

@@ -24,7 +24,7 @@ from datasets import Dataset
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raptb.adapters.models import build_char_tokenizer
+from raptb.adapters.lm.models import build_char_tokenizer
 from raptb.integrations.trl import GFlowNetConfig, GFlowNetTrainer
 from raptb.integrations.trl.rewards import summed_rewards
 from tests.integrations.trl_fixtures import CPU_RUN, fixed_rollout

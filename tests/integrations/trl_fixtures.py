@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
-from raptb.adapters.models import build_char_tokenizer
+from raptb.adapters.lm.models import build_char_tokenizer
 
 MAX_COMPLETION = 6
 CPU_RUN: dict[str, Any] = {

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from raptb.adapters.dotted_path import load_dotted
+from raptb.adapters.tasks.dotted_path import load_dotted
 
 Oracle = Callable[[list[str]], Sequence[float]]
 MACREL_ORACLE = "raptb.adapters.tasks.amp.oracle:macrel_amp_probability"

@@ -13,11 +13,12 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator
 
-from raptb.adapters.dotted_path import CallablePath
-from raptb.adapters.registry import TaskOptions, TaskSpec, register_task
 from raptb.adapters.tasks.amp.metrics import TOP_K, amp_metrics
 from raptb.adapters.tasks.amp.oracle import FORMER_MACREL_ORACLE, MACREL_ORACLE
 from raptb.adapters.tasks.amp.task import DEFAULT_PROMPT, AmpTask, training_peptides
+from raptb.adapters.tasks.dotted_path import CallablePath
+from raptb.adapters.tasks.registry import TaskOptions, TaskSpec
+from raptb.adapters.tasks.subm_presets import STRING_SUBM
 from raptb.core.metrics import sequence_metrics
 
 
@@ -67,30 +68,21 @@ def _metrics(task: AmpTask, rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {**sequence_metrics(rows, max_depth=task.max_length), **top}
 
 
-SPEC = register_task(
-    TaskSpec(
-        name="amp",
-        summary="antimicrobial peptides scored by an oracle (--oracle module:function)",
-        options=AmpOptions,
-        build=_build,
-        metrics=_metrics,
-        headline=("Perf", "Div", "Novelty", "Len", "TopK", "acc", "unique", "log_pterm"),
-        subm={
-            "subm_weights": (1.0, 1.0, 1.0, 1.0),
-            "gating_ratio": 0.0,
-            "similarity": "jaccard",
-            "shingle_k": 2,
-            "shingle_on": "text",
-            "length_bin_size": 1,
-        },
-        defaults={
-            "steps": 5000,
-            "reward": {"kappa": 1.0, "reward_scale": 50.0},
-            "objective": {"eta": 0.25, "alpha": 0.5, "beta": 5.0, "rho": 0.1, "k_min": [2, 2]},
-            "optim": {"grad_accum": 4, "clip": 0.5},
-            "sampling": {"low_temp_prob": 0.0},
-            "replay": {"capacity": 200},
-        },
-        eval_samples=3200,
-    )
+SPEC = TaskSpec(
+    name="amp",
+    summary="antimicrobial peptides scored by an oracle (--oracle module:function)",
+    options=AmpOptions,
+    build=_build,
+    metrics=_metrics,
+    headline=("Perf", "Div", "Novelty", "Len", "TopK", "acc", "unique", "log_pterm"),
+    subm=STRING_SUBM,
+    defaults={
+        "steps": 5000,
+        "reward": {"kappa": 1.0, "reward_scale": 50.0},
+        "objective": {"eta": 0.25, "alpha": 0.5, "beta": 5.0, "rho": 0.1, "k_min": [2, 2]},
+        "optim": {"grad_accum": 4, "clip": 0.5},
+        "sampling": {"low_temp_prob": 0.0},
+        "replay": {"capacity": 200},
+    },
+    eval_samples=3200,
 )

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from raptb.adapters.shipped_data import shipped_text
 from raptb.adapters.tasks.amp.metrics import TOP_K
 from raptb.adapters.tasks.amp.oracle import (
     MACREL_ORACLE,
@@ -26,6 +25,7 @@ from raptb.adapters.tasks.amp.oracle import (
     load_oracle,
     require_macrel,
 )
+from raptb.adapters.tasks.shipped_data import shipped_text
 from raptb.core.ports import Score, check_length_bounds
 
 AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"

@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from raptb.adapters.shipped_data import shipped_text
+from raptb.adapters.tasks.shipped_data import shipped_text
 
 PROMPT_TEMPLATE = "Write one sentence using: {concepts}."
 DEV_SOURCE = "dev"

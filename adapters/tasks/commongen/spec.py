@@ -17,7 +17,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from raptb.adapters.registry import TaskOptions, TaskSpec, register_task
 from raptb.adapters.tasks.commongen.data import DIAGNOSTIC_SOURCE, load_concept_sets
 from raptb.adapters.tasks.commongen.metrics import (
     EVAL_SAMPLES_PER_SET,
@@ -26,6 +25,7 @@ from raptb.adapters.tasks.commongen.metrics import (
     commongen_metrics,
 )
 from raptb.adapters.tasks.commongen.task import CommonGenTask
+from raptb.adapters.tasks.registry import TaskOptions, TaskSpec
 from raptb.core.metrics import sequence_metrics
 
 STEPS = 2500
@@ -95,39 +95,37 @@ def _metrics(task: CommonGenTask, rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-SPEC = register_task(
-    TaskSpec(
-        name="commongen",
-        summary="a sentence using every concept of a CommonGen set (--prompts diagnostic|dev|FILE)",
-        options=CommonGenOptions,
-        build=_build,
-        metrics=_metrics,
-        headline=(*METRIC_NAMES, "unique"),
-        # Released SubM column: validity gating, diversity weighted 2, no length term, Jaccard on
-        # word unigrams, length bins of 4 tokens.
-        subm={
-            "subm_weights": (1.0, 1.0, 2.0, 0.0),
-            "gating_ratio": 1.0,
-            "similarity": "jaccard",
-            "shingle_k": 1,
-            "shingle_on": "words",
-            "length_bin_size": 4,
+SPEC = TaskSpec(
+    name="commongen",
+    summary="a sentence using every concept of a CommonGen set (--prompts diagnostic|dev|FILE)",
+    options=CommonGenOptions,
+    build=_build,
+    metrics=_metrics,
+    headline=(*METRIC_NAMES, "unique"),
+    # Released SubM column: validity gating, diversity weighted 2, no length term, Jaccard on
+    # word unigrams, length bins of 4 tokens.
+    subm={
+        "subm_weights": (1.0, 1.0, 2.0, 0.0),
+        "gating_ratio": 1.0,
+        "similarity": "jaccard",
+        "shingle_k": 1,
+        "shingle_on": "words",
+        "length_bin_size": 4,
+    },
+    defaults={
+        "steps": STEPS,
+        "reward": {
+            "kappa": 1.0,
+            "reward_scale": 5.0,
+            "reward_scale_end": 50.0,
+            "temperature": 1.5,
+            "temperature_end": 1.0,
         },
-        defaults={
-            "steps": STEPS,
-            "reward": {
-                "kappa": 1.0,
-                "reward_scale": 5.0,
-                "reward_scale_end": 50.0,
-                "temperature": 1.5,
-                "temperature_end": 1.0,
-            },
-            "objective": {"eta": 0.1, "alpha": 0.8, "beta": 8.0, "rho": 0.5, "k_min": [16, 8]},
-            "optim": {"grad_accum": 1},
-            "replay": {"capacity": 100},
-        },
-        eval_samples=EVAL_SAMPLES_PER_SET,
-        eval_per_prompt=True,
-        reference_pterm=True,
-    )
+        "objective": {"eta": 0.1, "alpha": 0.8, "beta": 8.0, "rho": 0.5, "k_min": [16, 8]},
+        "optim": {"grad_accum": 1},
+        "replay": {"capacity": 100},
+    },
+    eval_samples=EVAL_SAMPLES_PER_SET,
+    eval_per_prompt=True,
+    reference_pterm=True,
 )

@@ -1,1 +1,2 @@
-"""User-defined tasks: a reward function named by dotted path (``task``)."""
+"""User-defined tasks: a reward function named by dotted path (``task``) and the registry entry
+(``spec``)."""

@@ -35,12 +35,9 @@ import warnings
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from raptb.adapters.registry import TaskSpec, register_task
-from raptb.core.metrics import expr24_metrics
 from raptb.core.ports import Score, check_length_bounds
 
 DIGITS = "123456789"
@@ -297,49 +294,3 @@ def solution_counts(solutions: list[str]) -> dict[int, int]:
     for text in solutions:
         counts[len(text)] = counts.get(len(text), 0) + 1
     return dict(sorted(counts.items()))
-
-
-def _is_correct(score: Score) -> bool:
-    """Expr24 success: the text parses and equals 24."""
-    return score.valid and score.value == 1.0
-
-
-def _metrics(task: Expr24Task, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return expr24_metrics(rows, enumerate_solutions(MAX_ENUMERABLE_LENGTH))
-
-
-# TrainConfig's field defaults are the paper's Expr24 column, so the task overrides none of them.
-SPEC = register_task(
-    TaskSpec(
-        name="expr24",
-        summary="arithmetic expressions equal to 24, enumerable",
-        build=lambda options: Expr24Task(),
-        is_correct=_is_correct,
-        # SubM's gating and w_val see correctness, as in the paper (its valid/correct split is
-        # kept in samples.jsonl); r(x) is the terminal 0/1 score.
-        replay_valid=_is_correct,
-        metrics=_metrics,
-        headline=(
-            "acc",
-            "unique",
-            "cov_count",
-            "norm_cov",
-            "kl_pi_p",
-            "kl_p_pi",
-            "js_tok",
-            "log_pterm",
-            "len_mean",
-            "entropy",
-        ),
-        # Paper Table "Submodular replay hyperparameters (Expr24)".
-        subm={
-            "subm_weights": (1.0, 1.0, 1.0, 0.0),
-            "gating_ratio": 1.0,
-            "similarity": "jaccard",
-            "shingle_k": 2,
-            "shingle_on": "text",
-        },
-        eval_samples=6400,
-        solutions=lambda task: enumerate_solutions(task.max_length),
-    )
-)

@@ -1,2 +1,2 @@
-"""Scaffold-conditioned SMILES scored by QED: the task (``task``) and its RDKit fingerprints
-(``chem_fp``)."""
+"""Scaffold-conditioned SMILES scored by QED: the task (``task``), its RDKit fingerprints
+(``chem_fp``), its report (``metrics``) and registry entry (``spec``)."""

@@ -31,14 +31,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
-from pydantic import Field
 
-from raptb.adapters.registry import TaskOptions, TaskSpec, register_task
 from raptb.adapters.tasks.smiles.chem_fp import morgan_packed
-from raptb.core.metrics import smiles_metrics
 from raptb.core.ports import Score, check_length_bounds
 
 if TYPE_CHECKING:
@@ -247,82 +244,3 @@ class SmilesTask:
         canonical = Chem.MolToSmiles(mol)
         fingerprint = morgan_packed([canonical], FINGERPRINT_RADIUS, FINGERPRINT_BITS)[0]
         return ItemFeatures(fingerprint, canonical)
-
-
-class SmilesOptions(TaskOptions):
-    """The ``[smiles]`` config section; ``max_length = 15`` is the paper's stress setting."""
-
-    scaffolds: Path | None = Field(
-        None,
-        description="Text file of scaffolds, one SMILES with exactly one '*' per line; "
-        f"None: the paper's {DEFAULT_SCAFFOLD}.",
-    )
-    min_length: Annotated[int, Field(ge=1, description="Fewest generated tokens.")] = 1
-    max_length: Annotated[int, Field(ge=1, description="Most generated tokens.")] = 10
-    ring_closures: bool = Field(
-        False,
-        description="Let fragments use ring-closure digits (off: they would clash with the "
-        "scaffold's rings).",
-    )
-
-
-def _build(options: SmilesOptions) -> SmilesTask:
-    scaffolds = (
-        [DEFAULT_SCAFFOLD] if options.scaffolds is None else read_scaffolds(options.scaffolds)
-    )
-    return SmilesTask(
-        scaffolds,
-        min_length=options.min_length,
-        max_length=options.max_length,
-        ring_closures=options.ring_closures,
-    )
-
-
-def _metrics(task: SmilesTask, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """``smiles_metrics`` of the rows, after adding each row's merged ``molecule`` and its
-    ``canonical`` SMILES (None when invalid)."""
-    described = [task.item_features(r["prompt"], r["text"]) for r in rows]
-    for row, item in zip(rows, described, strict=True):
-        row["molecule"] = task.merge(row["prompt"], row["text"])
-        row["canonical"] = item.canonical
-    fingerprints = np.stack([item.features for item in described])
-    return smiles_metrics(rows, fingerprints, max_depth=task.max_length)
-
-
-SPEC = register_task(
-    TaskSpec(
-        name="smiles",
-        summary="scaffold-conditioned fragments scored by QED with RDKit",
-        options=SmilesOptions,
-        build=_build,
-        metrics=_metrics,
-        headline=(
-            "acc",
-            "score",
-            "entropy",
-            "fp_div",
-            "macro_fp",
-            "len_mean",
-            "uniq_str",
-            "uniq_mol",
-            "log_pterm",
-        ),
-        # Paper Table "Submodular replay hyperparameters (SMILES)": Tanimoto on the merged
-        # molecules' fingerprints (``item_features``).
-        subm={
-            "subm_weights": (1.0, 1.0, 1.0, 1.0),
-            "gating_ratio": 0.0,
-            "similarity": "tanimoto",
-            "length_bin_size": 1,
-        },
-        replay_score="best_prefix",
-        # The paper's SMILES column of its hyperparameter tables.
-        defaults={
-            "reward": {"kappa": 1.0, "reward_scale": 50.0},
-            "objective": {"alpha": 0.5, "beta": 5.0, "rho": 0.1, "k_min": [5, 2]},
-        },
-        eval_samples=3200,
-        length_table=("count", "frac", "score", "fp_div", "uniq_mol"),
-        length_plots=(("fp_div", "FPDiv by length"),),
-    )
-)

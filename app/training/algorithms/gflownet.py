@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raptb.adapters.policy import to_prefix_batch
+from raptb.adapters.lm.policy import to_prefix_batch
 from raptb.app.training.algorithm import Loop
 from raptb.app.training.micro_batch import MicroBatchTotals
 from raptb.app.training.mix_schedule import MixSchedule

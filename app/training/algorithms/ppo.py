@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from raptb.adapters.value_head import ValueHead
+from raptb.adapters.lm.value_head import ValueHead
 from raptb.app.training.algorithm import Loop
 from raptb.app.training.algorithms.rl_rollout import RLAlgorithm, RLStats, rl_record
 from raptb.app.training.micro_batch import combine_micro_batch

@@ -1,19 +1,19 @@
 """The task registry: everything raptb knows about a task, in one ``TaskSpec`` per task.
 
-Each task's adapter module declares its spec and calls :func:`register_task` at import; the app
-reads every task-dependent choice from the spec (the CLI's ``--task`` choices, the task's config
-section and presets, the SubM preset, the success predicate, evaluation metrics and plots,
-``raptb enumerate``). Adding a task is one module that defines a ``TaskSpec`` and registers it.
+Each task declares its spec (a module-level ``SPEC``) and names it in a ``raptb.tasks`` entry
+point; the app reads every task-dependent choice from the spec (the CLI's ``--task`` choices,
+the task's config section and presets, the SubM preset, the success predicate, evaluation
+metrics and plots, ``raptb enumerate``). :func:`register_task` adds a spec by hand (a test's
+task, a script's).
 
-The built-in tasks are imported lazily, on the first lookup, because their modules import this
-one to register themselves (and some of them import heavy libraries such as RDKit); the tasks of
-installed packages (the ``raptb.tasks`` entry points, adapters.plugins) are registered after
-them, in the same first lookup.
+The tasks are loaded lazily, on the first lookup, from the ``raptb.tasks`` entry points
+(adapters.tasks.plugins): raptb's own, which declare the built-in tasks in its ``pyproject.toml``
+(each ``adapters/tasks/<name>/spec.py:SPEC``), then those of installed packages. A built-in task
+is declared exactly as a plug-in's is; importing a spec module registers nothing.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint
@@ -21,19 +21,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from raptb.adapters.plugins import TASK_GROUP, check_named, load_group_once
+from raptb.adapters.tasks.plugins import TASK_GROUP, check_named, is_builtin, load_group_once
 from raptb.core.ports import Score, Task
 from raptb.core.registry import Registry
 from raptb.core.replay import replay_kwargs
-
-# Modules that register the shipped tasks, in the order ``--task`` lists them.
-BUILTIN_TASK_MODULES = (
-    "raptb.adapters.tasks.expr24.task",
-    "raptb.adapters.tasks.smiles.task",
-    "raptb.adapters.tasks.commongen.spec",
-    "raptb.adapters.tasks.amp.spec",
-    "raptb.adapters.tasks.custom.task",
-)
 
 
 class TaskOptions(BaseModel):
@@ -124,31 +115,38 @@ def register_task(spec: TaskSpec) -> TaskSpec:
     return TASKS.register(spec)
 
 
-_builtins_loaded = False
+_builtin_names: list[str] = []
+"""The tasks raptb's own entry points registered, in registration order."""
 
 
-def _load_builtins() -> None:
-    global _builtins_loaded
-    if not _builtins_loaded:
-        _builtins_loaded = True
-        for module in BUILTIN_TASK_MODULES:
-            importlib.import_module(module)
-    load_group_once(TASK_GROUP, _register_plugin_task)
+def _load_tasks() -> None:
+    """Register the specs of the ``raptb.tasks`` entry points, raptb's own first."""
+    load_group_once(TASK_GROUP, _register_entry_point, builtin=True)
 
 
-def _register_plugin_task(point: EntryPoint, spec: Any) -> None:
-    """Register the TaskSpec an entry point of ``raptb.tasks`` names (adapters.plugins)."""
+def _register_entry_point(point: EntryPoint, spec: Any) -> None:
+    """Register the TaskSpec an entry point of ``raptb.tasks`` names (adapters.tasks.plugins)."""
     check_named(point, spec, TaskSpec, "TaskSpec")
     register_task(spec)
+    if is_builtin(point):
+        _builtin_names.append(spec.name)
 
 
-TASKS: Registry[TaskSpec] = Registry("task", lambda spec: spec.name, load=_load_builtins)
-"""The tasks by name (built-in ones first, in registration order); the first read loads them."""
+TASKS: Registry[TaskSpec] = Registry("task", lambda spec: spec.name, load=_load_tasks)
+"""The tasks by name (built-in ones first, by name, then the plug-ins' and those registered by
+hand, in registration order); the first read loads them."""
 
 
 def task_names() -> tuple[str, ...]:
-    """Names of the registered tasks (built-in ones first, in registration order)."""
+    """Names of the registered tasks (built-in ones first, by name; then in registration
+    order)."""
     return TASKS.names()
+
+
+def builtin_task_names() -> tuple[str, ...]:
+    """Names of the tasks raptb ships (its own ``raptb.tasks`` entry points), by name."""
+    TASKS.load()
+    return tuple(_builtin_names)
 
 
 def task_spec(name: str) -> TaskSpec:

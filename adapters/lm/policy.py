@@ -5,7 +5,7 @@ which (``stop_id``, usually EOS) is the stop action. The policy is the model's f
 
     log P_F(x | s_{0:k}) = logits_k[x] - logsumexp(logits_k)          (untempered, unmasked)
 
-Rollout (``sample``, in ``raptb.adapters.rollout``) draws B rows in lock step under the
+Rollout (``sample``, in ``raptb.adapters.lm.rollout``) draws B rows in lock step under the
 behaviour mask (legal tokens, grammar, min/max length) and records the untempered, unmasked
 log P_F of the chosen token and of stop at every visited prefix (objectives.md): ``log_pf`` [B, T]
 and ``log_pterm`` [B, T+1], with T = max_length.
@@ -37,11 +37,11 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from raptb.adapters.grammar import GrammarBatch
-from raptb.adapters.rollout import sample_rollout, token_log_probs
-from raptb.adapters.row_prompts import left_padded, row_prompt_ids
-from raptb.adapters.static_decode import DecodeMode, StaticDecoders, resolve_decode
-from raptb.adapters.tokens import token_texts
+from raptb.adapters.lm.grammar import GrammarBatch
+from raptb.adapters.lm.rollout import sample_rollout, token_log_probs
+from raptb.adapters.lm.row_prompts import left_padded, row_prompt_ids
+from raptb.adapters.lm.static_decode import DecodeMode, StaticDecoders, resolve_decode
+from raptb.adapters.lm.tokens import token_texts
 from raptb.core.gfn.batch import PrefixBatch
 
 
@@ -56,13 +56,13 @@ class HFPolicy:
     """A causal LM with a legal sub-vocabulary, a stop token and an optional grammar.
 
     legal_ids: full-vocabulary ids of the tokens a rollout may generate (see
-        ``raptb.adapters.tokens.legal_token_ids``); must not contain ``stop_id``.
+        ``raptb.adapters.lm.tokens.legal_token_ids``); must not contain ``stop_id``.
     stop_id: the id of the stop action.
     grammar: EBNF (xgrammar dialect) the generated text must follow, or None.
     grammar_threads: threads xgrammar fills the B rows' masks with; more pay off only when the
         model step is fast (a GPU) and the legal vocabulary is large.
-    decode: how ``sample`` decodes: ``"eager"`` (``raptb.adapters.rollout``), ``"static"``
-        (``raptb.adapters.static_decode``: static KV cache, fixed batch buckets, CUDA graphs on a
+    decode: how ``sample`` decodes: ``"eager"`` (``raptb.adapters.lm.rollout``), ``"static"``
+        (``raptb.adapters.lm.static_decode``: static KV cache, fixed batch buckets, CUDA graphs on a
         GPU; the same rollouts), or ``"auto"``: static on CUDA, eager elsewhere.
     """
 
@@ -164,7 +164,7 @@ class HFPolicy:
 
     sample = sample_rollout
     """``sample(prompt, n, *, min_length, max_length, temperature=1.0, generator=None)``: draw
-    ``n`` constrained trajectories, a ``Rollout`` (``raptb.adapters.rollout.sample_rollout``); a
+    ``n`` constrained trajectories, a ``Rollout`` (``raptb.adapters.lm.rollout.sample_rollout``); a
     sequence of n prompts gives each row its own."""
 
     def enable_activation_checkpointing(self) -> None:

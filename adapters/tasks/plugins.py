@@ -1,19 +1,20 @@
 """Tasks and objectives from installed packages: the entry-point groups ``raptb.tasks`` and
-``raptb.objectives``.
+``raptb.objectives``. raptb declares its own built-in tasks the same way, in its own
+``pyproject.toml``; its entry points are read first, by name.
 
 A package adds a task or a GFlowNet objective to ``raptb train``, ``raptb eval`` and ``raptb
 study`` (whose runs are child processes: each reads the entry points again) by declaring, in its
 ``pyproject.toml``::
 
     [project.entry-points."raptb.tasks"]
-    vowels = "mypkg.vowels:SPEC"          # an adapters.registry.TaskSpec
+    vowels = "mypkg.vowels:SPEC"          # an adapters.tasks.registry.TaskSpec
 
     [project.entry-points."raptb.objectives"]
     scaled_tb = "mypkg.losses:ScaledTB"   # a core.gfn.objectives.Objective subclass
 
 The entry point's name must equal the task's (the spec's ``name``) or objective's (the class's
 ``name``) so that a run's configuration names what was loaded. Entry points are read once per
-process, on the first registry lookup (``adapters.registry.task_names``/``task_spec``, and
+process, on the first registry lookup (``adapters.tasks.registry.task_names``/``task_spec``, and
 :func:`objective_names`, which configuration validation calls). One that cannot be imported, is
 of the wrong type, or clashes with a name already registered raises :class:`PluginError`, a
 one-line message naming the entry point (``raptb`` exits with 2).
@@ -21,7 +22,7 @@ one-line message naming the entry point (``raptb`` exits with 2).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -30,6 +31,8 @@ from raptb.core.rl.objectives import RL_OBJECTIVES
 
 TASK_GROUP = "raptb.tasks"
 OBJECTIVE_GROUP = "raptb.objectives"
+OWN_DISTRIBUTION = "raptb"
+"""The distribution whose entry points are the built-in ones (loaded before any plug-in's)."""
 
 
 class PluginError(ValueError):
@@ -44,14 +47,16 @@ _loaded_groups: dict[str, PluginError | None] = {}
 """The groups read in this process, each with the error its reading raised (None: it loaded)."""
 
 
-def load_group_once(group: str, check: Callable[[EntryPoint, Any], None]) -> None:
+def load_group_once(
+    group: str, check: Callable[[EntryPoint, Any], None], *, builtin: bool = False
+) -> None:
     """:func:`load_group` on the first call for ``group``; later calls do nothing, or raise the
     first call's :class:`PluginError` again, so a broken plug-in fails every lookup, not only the
     first (which may come from ``--help`` text built while the command line is imported)."""
     if group not in _loaded_groups:
         _loaded_groups[group] = None
         try:
-            load_group(group, check)
+            load_group(group, check, builtin=builtin)
         except PluginError as exc:
             _loaded_groups[group] = exc
     error = _loaded_groups[group]
@@ -59,10 +64,37 @@ def load_group_once(group: str, check: Callable[[EntryPoint, Any], None]) -> Non
         raise PluginError(str(error))
 
 
-def load_group(group: str, check: Callable[[EntryPoint, Any], None]) -> None:
+def is_builtin(point: EntryPoint) -> bool:
+    """Whether raptb itself declares ``point`` (in its ``pyproject.toml``)."""
+    dist = getattr(point, "dist", None)
+    return dist is not None and dist.name == OWN_DISTRIBUTION
+
+
+def _ordered(points: Iterable[EntryPoint]) -> list[EntryPoint]:
+    """raptb's own entry points by name (installers write them in any order; setuptools sorts
+    them), then the plug-ins' in the order they are found."""
+    own = sorted((p for p in points if is_builtin(p)), key=lambda point: point.name)
+    return own + [p for p in points if not is_builtin(p)]
+
+
+def load_group(
+    group: str, check: Callable[[EntryPoint, Any], None], *, builtin: bool = False
+) -> None:
     """Load every entry point of ``group`` and hand it to ``check`` (which registers it or raises
-    ValueError); any failure is a one-line :class:`PluginError` naming the entry point."""
-    for point in entry_points(group=group):
+    ValueError); any failure is a one-line :class:`PluginError` naming the entry point.
+
+    raptb's own entry points come first, by name (a plug-in's that reuses a built-in name is
+    then the one refused). ``builtin``: raptb itself declares entry points in ``group``, so their
+    absence means an installation older than them (an editable install keeps the entry points of
+    the day it was made): PluginError saying so.
+    """
+    points = _ordered(list(entry_points(group=group)))
+    if builtin and not any(map(is_builtin, points)):
+        raise PluginError(
+            f"the installed raptb declares none of its {group} entry points (an editable install "
+            "made before they existed keeps the old list): reinstall it, pip install -e ."
+        )
+    for point in points:
         try:
             loaded = point.load()
         except Exception as exc:  # a plug-in's import may fail in any way
@@ -98,7 +130,7 @@ def _register_objective(point: EntryPoint, cls: Any) -> None:
 
 def load_objective_plugins() -> None:
     """Register the objectives of the ``raptb.objectives`` entry points (once per process; the
-    tasks' group is read by adapters.registry)."""
+    tasks' group is read by adapters.tasks.registry)."""
     load_group_once(OBJECTIVE_GROUP, _register_objective)
 
 

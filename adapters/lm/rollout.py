@@ -25,15 +25,20 @@ from typing import Protocol
 
 import torch
 
-from raptb.adapters.grammar import unpack_bitmask
-from raptb.adapters.kv_cache import cache_keyword, returned_cache
-from raptb.adapters.rollout_record import Rollout, RolloutTimings, row_temperatures, token_log_probs
-from raptb.adapters.row_prompts import check_rollout_shape, left_padded, row_prompt_ids
-from raptb.adapters.static_decode import DecodingPolicy, static_rollout
+from raptb.adapters.lm.grammar import unpack_bitmask
+from raptb.adapters.lm.kv_cache import cache_keyword, returned_cache
+from raptb.adapters.lm.rollout_record import (
+    Rollout,
+    RolloutTimings,
+    row_temperatures,
+    token_log_probs,
+)
+from raptb.adapters.lm.row_prompts import check_rollout_shape, left_padded, row_prompt_ids
+from raptb.adapters.lm.static_decode import DecodingPolicy, static_rollout
 
 
 class RolloutPolicy(DecodingPolicy, Protocol):
-    """What the rollout needs of ``raptb.adapters.policy.HFPolicy`` (which calls this module, so
+    """What the rollout needs of ``raptb.adapters.lm.policy.HFPolicy`` (which calls this module, so
     it is named by its shape rather than imported): the static path's needs, the resolved decoding
     path, and the lock-step hook of a sharded model (None otherwise)."""
 

@@ -1,4 +1,4 @@
-"""``smiles_metrics`` on a hand-computed example."""
+"""SMILES's report (``adapters.tasks.smiles.metrics``) on a hand-computed example."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from raptb.core.metrics import smiles_metrics
+from raptb.adapters.tasks.smiles.metrics import smiles_metrics
 
 
 def _fp(*bits: int) -> np.ndarray:

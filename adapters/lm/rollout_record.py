@@ -1,7 +1,7 @@
 """What a rollout returns, and the arithmetic every decoding path shares.
 
 ``Rollout`` is the record of B sampled trajectories in the prefix layout of
-``raptb.adapters.rollout``; ``token_log_probs`` is the one float32 log-softmax gather that the
+``raptb.adapters.lm.rollout``; ``token_log_probs`` is the one float32 log-softmax gather that the
 eager and static rollouts and teacher-forced rescoring all use, so they round the same way;
 ``row_temperatures`` checks and broadcasts the behaviour temperature of each row.
 """
@@ -24,7 +24,7 @@ class RolloutTimings:
 
 @dataclass
 class Rollout:
-    """B sampled trajectories in the prefix layout (see ``raptb.adapters.rollout``).
+    """B sampled trajectories in the prefix layout (see ``raptb.adapters.lm.rollout``).
 
     tokens: LongTensor [B, T], generated ids, ``pad_id`` after the stop.
     length: LongTensor [B], tau (tokens before the stop).

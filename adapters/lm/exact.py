@@ -1,7 +1,7 @@
 """Exact behaviour log-probabilities of given texts under ``HFPolicy.sample``'s constraints.
 
 The sampler at temperature 1 draws, at a prefix of k generated tokens, from the model's softmax
-restricted to the allowed actions A_k (see ``raptb.adapters.policy``):
+restricted to the allowed actions A_k (see ``raptb.adapters.lm.policy``):
 
     A_k = (legal ∩ grammar-allowed)  ∪  {stop if the grammar accepts the text and k >= min_length}
 
@@ -18,7 +18,7 @@ Computation. The token paths that spell a prefix of some query text form a trie;
 walk with a single grammar matcher (accept on the way down, rollback on the way up) fills each
 trie node's mask once, however many texts share that prefix (Expr24's 75,445 solutions have
 233,372 distinct prefixes). The whole trie is teacher-forced with tree attention
-(``raptb.adapters.tree_forward``), one token per node, in a few batched forward passes; the
+(``raptb.adapters.lm.tree_forward``), one token per node, in a few batched forward passes; the
 log-normalisers over A_k are taken in float64 from the model's float32 logits.
 """
 
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from raptb.adapters.grammar import compile_grammar
-from raptb.adapters.policy import HFPolicy
-from raptb.adapters.tree_forward import tree_logits
+from raptb.adapters.lm.grammar import compile_grammar
+from raptb.adapters.lm.policy import HFPolicy
+from raptb.adapters.lm.tree_forward import tree_logits
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Static-shape decoding of the constrained rollout: a preallocated KV cache, fixed batch buckets
 and, on CUDA, each token step replayed as CUDA graphs.
 
-The rollout is ``raptb.adapters.rollout``'s: the same behaviour mask, the same recorded untempered,
-unmasked log-probs (``token_log_probs``) and the same random draws. Only how a step runs differs:
+The rollout is ``raptb.adapters.lm.rollout``'s: the same behaviour mask, the same recorded
+untempered, unmasked log-probs (``token_log_probs``) and the same random draws. Only how a step
+runs differs:
 
 - the KV cache is a transformers ``StaticCache`` of C = P + T positions (P: the longest prompt
   in tokens, shorter prompts left-padded with attention 0 and positions cumsum(mask) - 1;
@@ -41,10 +42,15 @@ from typing import Any, Literal, Protocol
 import torch
 from transformers import StaticCache
 
-from raptb.adapters.grammar import GrammarBatch, packed_width, unpack_bitmask
-from raptb.adapters.kv_cache import cache_keyword
-from raptb.adapters.rollout_record import Rollout, RolloutTimings, row_temperatures, token_log_probs
-from raptb.adapters.row_prompts import check_rollout_shape, row_prompt_ids
+from raptb.adapters.lm.grammar import GrammarBatch, packed_width, unpack_bitmask
+from raptb.adapters.lm.kv_cache import cache_keyword
+from raptb.adapters.lm.rollout_record import (
+    Rollout,
+    RolloutTimings,
+    row_temperatures,
+    token_log_probs,
+)
+from raptb.adapters.lm.row_prompts import check_rollout_shape, row_prompt_ids
 
 _log = logging.getLogger(__name__)
 
@@ -74,7 +80,7 @@ def bucket_rows(n: int) -> int:
 
 
 class DecodingPolicy(Protocol):
-    """What the static rollout needs of ``raptb.adapters.policy.HFPolicy``."""
+    """What the static rollout needs of ``raptb.adapters.lm.policy.HFPolicy``."""
 
     model: torch.nn.Module
     legal_ids: list[int]
