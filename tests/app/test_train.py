@@ -358,6 +358,10 @@ def test_log_z_lr_0_holds_log_z_at_its_initial_value(tmp_path):
     # the embedded model holds logZ unless told otherwise; a pretrained one trains it
     assert small_config().optim.log_z_lr == 0.0
     assert small_config(model="some/pretrained-model").optim.log_z_lr == 0.1
+    # and draws more of a step's rows from the buffer; a pretrained one takes the paper's share
+    assert small_config().replay.p_replay == (0.75, 0.5)
+    assert small_config(model="some/pretrained-model").replay.p_replay == (0.5, 0.25)
+    assert small_config(**{"replay.p_replay": (0.5, 0.25)}).replay.p_replay == (0.5, 0.25)
     with pytest.raises(ConfigError, match=r"optim\.log_z_lr"):
         small_config(**{"optim.log_z_lr": -0.1})
 
