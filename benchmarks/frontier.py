@@ -31,7 +31,7 @@ import matplotlib.pyplot as plt
 from scipy import stats
 
 RESULTS = Path(__file__).resolve().parent / "results"
-STUDIES = ("default_model", "log_z_regimes", "default_levers")
+STUDIES = ("default_model", "log_z_regimes", "default_screen", "default_replay")
 """Studies whose runs.csv carry exact.acc (in the order their legends list)."""
 ACC, DISTINCT = "exact.acc", "exact.expected_distinct.6400"
 NOT_SETTING = {"seed", "wall_seconds", "n_samples", "n_solutions", "target_unique"}
