@@ -93,6 +93,7 @@ def main() -> None:
     parser.add_argument("--ceiling", type=Path, default=RESULTS / "headline" / "ceiling.json")
     args = parser.parse_args()
     fig, ax = plt.subplots(figsize=(10, 7))
+    ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)  # one colour per setting
     markers = iter("osD^v<>p*hX")
     for study in STUDIES:
         path = RESULTS / study / "runs.csv"
