@@ -219,13 +219,14 @@ def test_shipped_studies_plan(study):
     assert len(runs) >= 3 and len({r.name for r in runs}) == len(runs)
     # the paper's tables over three seeds; the default-model choice over five; the quickstart one;
     # the logZ starts and the screen of levers over the two seeds they were run with; the replay
-    # share over five
+    # share over five, and five more seeds (5-9) of the default and a larger share
     want = {
         "quickstart.toml": {0},
         "default_model.toml": {0, 1, 2, 3, 4},
         "default_replay.toml": {0, 1, 2, 3, 4},
         "log_z_regimes.toml": {0, 1},
         "default_screen.toml": {0, 1},
+        "default_seeds.toml": {5, 6, 7, 8, 9},
     }.get(study.name)
     assert {r.seed for r in runs} == set(spec.seeds) == (want or {0, 1, 2})
     result = CliRunner().invoke(app, ["study", str(study), "--dry-run"])
