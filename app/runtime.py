@@ -12,10 +12,10 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from raptb.adapters.lm.decode_mode import DecodeMode
 from raptb.adapters.lm.lora import apply_lora, load_adapter_weights, preferred_dtype
 from raptb.adapters.lm.models import load_model_and_tokenizer
 from raptb.adapters.lm.policy import HFPolicy, default_grammar_threads
-from raptb.adapters.lm.static_decode import DecodeMode
 from raptb.adapters.lm.tokens import legal_token_ids, stop_token_id
 from raptb.adapters.tasks.registry import task_spec
 from raptb.app.configuration.config import LoraConfig, TinyConfig, TrainConfig

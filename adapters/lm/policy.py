@@ -37,10 +37,11 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from raptb.adapters.lm.decode_mode import DecodeMode, resolve_decode
 from raptb.adapters.lm.grammar import GrammarBatch
 from raptb.adapters.lm.rollout import sample_rollout, token_log_probs
 from raptb.adapters.lm.row_prompts import left_padded, row_prompt_ids
-from raptb.adapters.lm.static_decode import DecodeMode, StaticDecoders, resolve_decode
+from raptb.adapters.lm.static_decoder import StaticDecoders
 from raptb.adapters.lm.tokens import token_texts
 from raptb.core.gfn.batch import PrefixBatch
 

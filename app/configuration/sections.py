@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from raptb.adapters.lm.static_decode import DecodeMode
+from raptb.adapters.lm.decode_mode import DecodeMode
 from raptb.core.gfn.objectives import RapTB
 from raptb.core.replay import BUFFERS, buffer_class, replay_kinds, replay_kwargs
 

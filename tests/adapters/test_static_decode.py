@@ -16,11 +16,12 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from raptb.adapters.lm.decode_mode import resolve_decode
 from raptb.adapters.lm.lora import apply_lora
 from raptb.adapters.lm.models import build_char_tokenizer
 from raptb.adapters.lm.policy import HFPolicy
 from raptb.adapters.lm.rollout import Rollout
-from raptb.adapters.lm.static_decode import StaticDecoders, bucket_rows, resolve_decode
+from raptb.adapters.lm.static_decoder import StaticDecoders, bucket_rows
 from raptb.adapters.lm.tokens import legal_token_ids, stop_token_id
 from raptb.adapters.tasks.expr24.task import expr24_grammar
 from tests.adapters.test_policy import ALPHABET, PROMPT, make_policy
