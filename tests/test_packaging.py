@@ -1,30 +1,51 @@
-"""The wheel's package list: every package folder of the source tree is listed in pyproject.toml
-(an editable install finds an unlisted one anyway, so only an installed wheel would miss it)."""
+"""The wheel's contents and entry points, as setup.py finds them from the source folders: every
+package folder of the source tree is a package of the wheel, every data folder ships all its files,
+and every task folder with a ``spec.py`` is one of raptb's ``raptb.tasks`` entry points (an
+editable install finds an unlisted package anyway, so only an installed wheel would miss one)."""
 
 from __future__ import annotations
 
-import tomllib
+import runpy
+from importlib.metadata import distribution
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+SETUP = runpy.run_path(str(ROOT / "setup.py"), run_name="raptb_setup")  # setup() not called
+ROOTS = {"raptb": "raptb", "raptb.core": "core", "raptb.adapters": "adapters", "raptb.app": "app"}
 
 
-def test_every_package_folder_is_in_the_wheel() -> None:
-    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    listed = set(setup["packages"])
-    found = set()
-    for name, folder in setup["package-dir"].items():
-        for init in (ROOT / folder).rglob("__init__.py"):
-            parts = init.parent.relative_to(ROOT / folder).parts
-            found.add(".".join((name, *parts)))
-    data_only = set(setup["package-data"])  # data folders, declared as packages with their files
-    assert found - listed == set(), "packages missing from pyproject.toml"
-    assert listed - found == data_only - found, "listed packages with no folder"
-    for package in data_only - found:
-        assert _folder(setup["package-dir"], package).is_dir(), package
+def _folders(folder: Path) -> list[Path]:
+    """``folder`` and every folder under it but caches and hidden ones."""
+    return [folder] + [
+        path
+        for path in sorted(folder.rglob("*"))
+        if path.is_dir()
+        and not any(part == "__pycache__" or part.startswith(".") for part in path.parts)
+    ]
 
 
-def _folder(package_dir: dict[str, str], package: str) -> Path:
-    """The source folder of ``package`` under the longest mapped prefix of ``package_dir``."""
-    prefix = max((p for p in package_dir if package.startswith(f"{p}.")), key=len)
-    return ROOT / package_dir[prefix] / Path(*package[len(prefix) + 1 :].split("."))
+def test_every_folder_is_a_package_of_the_wheel() -> None:
+    assert SETUP["package_dir"]() == ROOTS
+    modules, data = set(), set()
+    for name, folder in ROOTS.items():
+        for path in _folders(ROOT / folder):
+            package = ".".join((name, *path.relative_to(ROOT / folder).parts))
+            (modules if (path / "__init__.py").exists() else data).add(package)
+    assert data, "the task data folders (files/) are data-only packages"
+    assert set(SETUP["packages"]()) == modules | data
+    assert SETUP["data_packages"]() == {key: ["*"] for key in sorted(data)}
+
+
+def test_the_installed_entry_points_are_the_task_folders() -> None:
+    """What the installation declares (written by setup.py at install time): the command and one
+    raptb.tasks entry point per task folder with a spec. An editable install made before a new
+    task folder fails here until ``pip install -e .`` is run again."""
+    points = distribution("raptb").entry_points
+    folders = sorted(path.parent.name for path in (ROOT / "adapters" / "tasks").glob("*/spec.py"))
+    assert {p.name: p.value for p in points if p.group == "raptb.tasks"} == {
+        name: f"raptb.adapters.tasks.{name}.spec:SPEC" for name in folders
+    }
+    assert [p.value for p in points if p.group == "console_scripts"] == ["raptb.app.entry:main"]
+    assert SETUP["builtin_tasks"]() == [
+        f"{name} = raptb.adapters.tasks.{name}.spec:SPEC" for name in folders
+    ]

@@ -1,6 +1,6 @@
 """Tasks and objectives from installed packages: the entry-point groups ``raptb.tasks`` and
-``raptb.objectives``. raptb declares its own built-in tasks the same way, in its own
-``pyproject.toml``; its entry points are read first, by name.
+``raptb.objectives``. raptb declares its own built-in tasks the same way (its
+``setup.py`` names each task folder's ``spec:SPEC``); its entry points are read first, by name.
 
 A package adds a task or a GFlowNet objective to ``raptb train``, ``raptb eval`` and ``raptb
 study`` (whose runs are child processes: each reads the entry points again) by declaring, in its
@@ -65,7 +65,7 @@ def load_group_once(
 
 
 def is_builtin(point: EntryPoint) -> bool:
-    """Whether raptb itself declares ``point`` (in its ``pyproject.toml``)."""
+    """Whether raptb itself declares ``point`` (its ``setup.py``: the built-in tasks)."""
     dist = getattr(point, "dist", None)
     return dist is not None and dist.name == OWN_DISTRIBUTION
 

@@ -7,8 +7,8 @@ metrics and plots, ``raptb enumerate``). :func:`register_task` adds a spec by ha
 task, a script's).
 
 The tasks are loaded lazily, on the first lookup, from the ``raptb.tasks`` entry points
-(adapters.tasks.plugins): raptb's own, which declare the built-in tasks in its ``pyproject.toml``
-(each ``adapters/tasks/<name>/spec.py:SPEC``), then those of installed packages. A built-in task
+(adapters.tasks.plugins): raptb's own, which declare the built-in tasks (its ``setup.py`` names
+each ``adapters/tasks/<name>/spec.py:SPEC``), then those of installed packages. A built-in task
 is declared exactly as a plug-in's is; importing a spec module registers nothing.
 """
 

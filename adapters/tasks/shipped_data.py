@@ -2,7 +2,7 @@
 (``adapters/tasks/<task>/files``, provenance and licence in its README.md and LICENSE).
 
 They are read through :mod:`importlib.resources`, which works for an editable checkout and an
-installed wheel alike; ``pyproject.toml`` lists them as package data.
+installed wheel alike; ``setup.py`` ships every such folder as package data.
 """
 
 from __future__ import annotations
