@@ -80,3 +80,83 @@ def test_every_new_field_is_documented_once_in_the_class_docstring() -> None:
     for f in new:
         assert doc.count(f"\n        {f.name} (`") == 1, f.name
         assert f.metadata["help"].split()[0] in doc
+
+
+def test_buffer_keywords_come_through_each_kinds_options_schema() -> None:
+    """The buffer fields reach each kind's constructor keywords through its schema, only those
+    it declares (hand-written expectations); replay_options add the rest by [replay] names."""
+    base = {"replay_capacity": 50, "rp_tolerance": 0.5, "prt_alpha": 0.6, "prt_beta": 0.3}
+    rp = GFlowNetConfig(**CPU, replay="rp", **base)
+    assert rp.buffer_kwargs() == {"capacity": 50, "tolerance": 0.5}
+    prt = GFlowNetConfig(**CPU, replay="prt", **base)
+    assert prt.buffer_kwargs() == {"capacity": 50, "tolerance": 0.5, "alpha": 0.6, "beta": 0.3}
+    subm = GFlowNetConfig(
+        **CPU,
+        replay="subm",
+        subm_weights=[1.0, 0.5, 2.0, 0.0],
+        subm_gating_ratio=0.25,
+        replay_options={"bin_weight_power": 2.0, "capacity": 30},
+    )
+    assert subm.buffer_kwargs() == {
+        "capacity": 30,  # replay_options override the fields
+        "w_rew": 1.0,
+        "w_val": 0.5,
+        "w_div": 2.0,
+        "w_len": 0.0,
+        "gating_ratio": 0.25,
+        "length_alpha_power": 2.0,
+        "shingle_k": 2,
+        "shingle_on": "text",
+    }
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"replay": "rp", "replay_options": {"bin_weight_power": 1.0}}, "replay_options: .*rp"),
+        ({"replay": "subm", "replay_options": {"capacity": 0}}, "replay_options: capacity"),
+        ({"replay": "prt", "prt_alpha": 1.5}, "replay: "),
+        ({"replay": "oracle"}, "solution set"),
+        ({"replay": "nope"}, "replay: must be one of"),
+    ],
+)
+def test_bad_replay_settings_fail_at_construction_in_one_line(overrides, message) -> None:
+    with pytest.raises(ValueError, match=message) as caught:
+        GFlowNetConfig(**CPU, **overrides)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.fixture
+def plug_in_buffer(monkeypatch: pytest.MonkeyPatch):
+    """A buffer kind registered as a plug-in does (raptb.register_buffer), removed afterwards."""
+    from raptb.core.replay import BUFFERS, RewardPrioritizedBuffer, register_buffer
+    from raptb.core.replay.options import BufferOption
+
+    class Newest(RewardPrioritizedBuffer):
+        """RP with one more option, the plug-in's own."""
+
+        kind = "newest"
+        options = (*RewardPrioritizedBuffer.options, BufferOption.of("newest_keep", "keep"))
+
+        def __init__(self, capacity: int = 200, tolerance: float = 0.25, keep: int = 1) -> None:
+            super().__init__(capacity=capacity, tolerance=tolerance)
+            if keep < 1:
+                raise ValueError(f"newest_keep: must be >= 1, got {keep}")
+            self.keep = keep
+
+    monkeypatch.setattr(BUFFERS, "_entries", dict(BUFFERS._entries))
+    register_buffer(Newest)
+    return Newest
+
+
+def test_a_plug_in_buffer_is_reachable_with_its_own_options(plug_in_buffer) -> None:
+    from raptb.core.replay import make_buffer
+
+    args = GFlowNetConfig(
+        **CPU, replay="newest", replay_capacity=40, replay_options={"newest_keep": 3}
+    )
+    assert args.buffer_kwargs() == {"capacity": 40, "tolerance": 0.25, "keep": 3}
+    buffer = make_buffer(args.replay, **args.buffer_kwargs())
+    assert isinstance(buffer, plug_in_buffer) and buffer.keep == 3
+    with pytest.raises(ValueError, match="newest_keep: must be >= 1"):
+        GFlowNetConfig(**CPU, replay="newest", replay_options={"newest_keep": 0})

@@ -23,13 +23,26 @@ from raptb.core.gfn.objectives import (
     objective_by_name,
     objective_hyperparameters,
 )
+from raptb.core.replay import NO_REPLAY, buffer_class, replay_kinds, replay_kwargs
 from raptb.core.schedules import LinearSchedule
 from raptb.integrations.trl.replay import REPLAY_SCOPES
 
-REPLAY_KINDS = ("none", "rp", "prt", "subm")
 SUBM_SHINGLES = ("text", "words")
 _RAPTB = {f.name: f.default for f in fields(RapTB)}
 _SUBTB = {f.name: f.default for f in fields(SubTB)}
+# GFlowNetConfig field -> the buffer option it sets (the option names of each kind's schema,
+# core/replay/options.py: what [replay] and the task presets name them); a kind reads the options
+# its schema declares, so a plug-in buffer that declares ``capacity`` gets ``replay_capacity``
+_BUFFER_FIELDS = {
+    "replay_capacity": "capacity",
+    "rp_tolerance": "rp_tolerance",
+    "prt_alpha": "prt_alpha",
+    "prt_beta": "prt_beta",
+    "subm_weights": "subm_weights",
+    "subm_gating_ratio": "gating_ratio",
+    "subm_shingles": "shingle_on",
+    "subm_shingle_k": "shingle_k",
+}
 # GFlowNetConfig field -> the core objective hyperparameter it sets (``beta`` is TRL's KL weight,
 # so RapTB's soft-backup inverse temperature is ``soft_beta`` here)
 _OBJECTIVE_FIELDS = {
@@ -132,7 +145,17 @@ class GFlowNetConfig(GRPOConfig):
     replay: str = _help(
         "none",
         "Replay buffer, one store per prompt: 'none', 'rp' (reward-prioritised), 'prt' (two-tier "
-        "prioritised) or 'subm' (submodular: reward, validity, diversity, length).",
+        "prioritised), 'subm' (submodular: reward, validity, diversity, length) or a kind added "
+        "with `raptb.register_buffer` (not 'oracle', whose items come from a task's solution "
+        "set).",
+    )
+    replay_options: dict[str, Any] | None = field(
+        default=None,
+        metadata={
+            "help": "More options of the replay buffer, by the names `raptb train`'s [replay] "
+            "section uses (e.g. {'bin_weight_power': 1.0} for SubM, or a plug-in buffer's own); "
+            "a name the kind does not take is refused. They override the fields above."
+        },
     )
     replay_scope: str = _help(
         "across_prompts",
@@ -198,8 +221,10 @@ class GFlowNetConfig(GRPOConfig):
             )
         if self.loss not in OBJECTIVES:
             raise ValueError(f"loss: must be one of {', '.join(OBJECTIVES)}, got {self.loss!r}")
-        if self.replay not in REPLAY_KINDS:
-            raise ValueError(f"replay: must be one of {REPLAY_KINDS}, got {self.replay!r}")
+        kinds = [kind for kind in replay_kinds() if kind == NO_REPLAY or not _oracle(kind)]
+        if self.replay not in kinds:
+            why = " (its items come from a task's solution set)" if _oracle(self.replay) else ""
+            raise ValueError(f"replay: must be one of {kinds}{why}, got {self.replay!r}")
         if self.replay_scope not in REPLAY_SCOPES:
             raise ValueError(
                 f"replay_scope: must be one of {REPLAY_SCOPES}, got {self.replay_scope!r}"
@@ -221,6 +246,8 @@ class GFlowNetConfig(GRPOConfig):
         if self.subm_weights is not None and len(self.subm_weights) != 4:
             raise ValueError(f"subm_weights: expected 4 values, got {self.subm_weights}")
         self.objective(horizon=1)  # out-of-range hyperparameters fail here, not mid-training
+        if self.replay != NO_REPLAY:
+            self.buffer_kwargs()  # and so do the buffer's
 
     def objective(self, horizon: int) -> Objective:
         """The configured core objective, its k_min schedule running over ``horizon`` steps."""
@@ -241,24 +268,25 @@ class GFlowNetConfig(GRPOConfig):
         return LinearSchedule(self.replay_fraction, end, max(horizon, 0))(step)
 
     def buffer_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``make_buffer(self.replay, ...)``."""
-        if self.replay in ("rp", "prt"):
-            kwargs: dict[str, Any] = {
-                "capacity": self.replay_capacity,
-                "tolerance": self.rp_tolerance,
-            }
-            if self.replay == "prt":
-                kwargs.update(alpha=self.prt_alpha, beta=self.prt_beta)
-            return kwargs
-        kwargs = {
-            "capacity": self.replay_capacity,
-            "shingle_k": self.subm_shingle_k,
-            "shingle_on": self.subm_shingles,
-            "gating_ratio": self.subm_gating_ratio,
-        }
-        if self.subm_weights is not None:
-            kwargs.update(zip(("w_rew", "w_val", "w_div", "w_len"), self.subm_weights, strict=True))
-        return kwargs
+        """Keyword arguments of ``make_buffer(self.replay, ...)``: the buffer fields and
+        ``replay_options`` by option name, read through the kind's options schema (the fields
+        the kind does not declare are left out; a ``replay_options`` name it does not declare,
+        or a value it refuses, is a ValueError naming it)."""
+        fields_ = {option: getattr(self, name) for name, option in _BUFFER_FIELDS.items()}
+        extra = dict(self.replay_options or {})
+        try:
+            replay_kwargs(self.replay, extra)  # strict: a name the kind does not take
+        except ValueError as exc:
+            raise ValueError(f"replay_options: {exc}") from None
+        try:
+            return replay_kwargs(self.replay, {**fields_, **extra}, strict=False)
+        except ValueError as exc:
+            raise ValueError(f"replay: {exc}") from None
+
+
+def _oracle(kind: str) -> bool:
+    """Whether ``kind`` is a registered buffer kind whose items come from the task (Oracle)."""
+    return kind in replay_kinds() and kind != NO_REPLAY and buffer_class(kind).oracle
 
 
 def _parameter_doc(f: Field[Any]) -> str:

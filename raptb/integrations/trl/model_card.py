@@ -45,5 +45,5 @@ def method_name(loss: str, replay: str) -> str:
     """The method TRL's card credits: the GFlowNet objective, the replay, and the paper."""
     name = f"GFlowNet fine-tuning with the {OBJECTIVE_NAMES[loss]} objective"
     if replay != "none":
-        name += f" and {REPLAY_NAMES[replay]}"
+        name += f" and {REPLAY_NAMES.get(replay, f'the {replay!r} replay buffer')}"
     return f"{name} (raptb's GFlowNetTrainer; paper: *{PAPER_TITLE}*, Wang, Lu and Wang, ICML 2026)"
