@@ -1,4 +1,4 @@
-"""``raptb study`` end to end: a 2 x 2 x 2-seed toy study (2-step runs of the tiny model, 16
+"""``raptb study`` end to end: a 1 x 2 x 2-seed toy study (2-step runs of the tiny model, 16
 evaluation samples) with two workers: runs.csv rows, table.md layout, plots, resumption (nothing
 re-runs; a run whose metrics are gone is evaluated again, alone), a failing run reported while
 the study goes on, and --report-only."""
@@ -32,7 +32,7 @@ checkpoint_every = 1
 optim = { batch_size = 8, grad_accum = 1 }
 
 [axes]
-loss = ["tb", "raptb"]
+loss = ["raptb"]
 
 [rows]
 base = {}
@@ -52,7 +52,7 @@ plots = ["acc"]
 BROKEN_ROW = '"broken" = { model = "/no/such/model/dir" }\n'
 NAMES = [
     f"{loss}-{row}-s{seed}"
-    for loss in ("tb", "raptb")
+    for loss in ("raptb",)
     for row in ("base", "higher-lr")
     for seed in (0, 1)
 ]
@@ -74,7 +74,7 @@ def test_toy_study_runs_reports_resumes_and_reports_failures(tmp_path, monkeypat
     out = tmp_path / "out"
     first = study(str(path), "--workers", "2", "--out", str(out))
     assert first.exit_code == 0, first.output
-    assert "8 runs to do" in first.output
+    assert "4 runs to do" in first.output
 
     with (out / "runs.csv").open(newline="") as handle:
         rows = list(csv.DictReader(handle))
@@ -82,7 +82,7 @@ def test_toy_study_runs_reports_resumes_and_reports_failures(tmp_path, monkeypat
     assert {"acc", "unique", "log_pterm", "train.log_z", "wall_seconds"} <= set(rows[0])
     assert [(r["loss"], r["row"], r["seed"], r["steps"]) for r in rows] == [
         (loss, row, str(seed), "2")
-        for loss in ("tb", "raptb")
+        for loss in ("raptb",)
         for row in ("base", "higher lr")
         for seed in (0, 1)
     ]
@@ -90,38 +90,38 @@ def test_toy_study_runs_reports_resumes_and_reports_failures(tmp_path, monkeypat
 
     text = (out / "table.md").read_text()
     assert text.startswith("# Toy study\n")
-    header = "| Variant | n | Objective = TB Acc | Objective = TB log Z | Objective = RapTB Acc |"
+    header = "| Variant | n | Objective = RapTB Acc | Objective = RapTB log Z |"
     assert header in text
     lines = [line for line in text.splitlines() if line.startswith("| ")]
     assert [line.split(" | ")[0] for line in lines[1:]] == ["| base", "| higher lr"]
     cell = r"-?\d+\.\d{3} ± \d+\.\d{3}"
-    assert re.fullmatch(rf"\| base \| 2 \| {cell} \| .+ \| {cell} \| .+ \|", lines[1])
+    assert re.fullmatch(rf"\| base \| 2 \| {cell} \| -?\d+\.\d\d ± \d+\.\d\d \|", lines[1])
     assert "core CPU" in text and "Steps: 2 optimizer steps" in text
     assert (out / "acc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "](acc.png)" in text
-    config = (out / "runs" / "tb-base-s0" / "config.toml").read_text()
+    config = (out / "runs" / "raptb-base-s0" / "config.toml").read_text()
     assert "batch_size = 8" in config and "threads = 1" in config
 
     runs = out / "runs"
     before = stamps(runs)
     second = study(str(path), "--workers", "2", "--out", str(out))
     assert second.exit_code == 0, second.output
-    assert "nothing to run (8/8 runs done)" in second.output
+    assert "nothing to run (4/4 runs done)" in second.output
     assert stamps(runs) == before
 
     (runs / "raptb-higher-lr-s1" / "eval" / "metrics.json").unlink()
     third = study(str(path), "--workers", "2", "--out", str(out))
     assert third.exit_code == 0, third.output
-    assert "1 runs to do (7 done)" in third.output
+    assert "1 runs to do (3 done)" in third.output
     after = stamps(runs)
     changed = [n for n in NAMES if after[n] != before[n]]
     assert changed == ["raptb-higher-lr-s1"]
 
     path.write_text(TOY.replace("[eval]", BROKEN_ROW + "\n[eval]"), encoding="utf-8")
-    broken = study(str(path), "--out", str(out), "--only", "row=broken,loss=tb,seed=0")
+    broken = study(str(path), "--out", str(out), "--only", "row=broken,loss=raptb,seed=0")
     assert broken.exit_code == 1, broken.output
-    assert "failed tb-broken-s0: train exited with 2" in broken.output
-    assert "1 of 12 runs failed" in broken.output
-    assert "tb-broken-s0" in (out / "table.md").read_text()  # listed as missing
+    assert "failed raptb-broken-s0: train exited with 2" in broken.output
+    assert "1 of 6 runs failed" in broken.output
+    assert "raptb-broken-s0" in (out / "table.md").read_text()  # listed as missing
     assert stamps(runs) == after
 
     (out / "runs.csv").unlink()
@@ -130,7 +130,7 @@ def test_toy_study_runs_reports_resumes_and_reports_failures(tmp_path, monkeypat
     again = study(str(path), "--out", str(out), "--report-only")
     assert again.exit_code == 0, again.output
     with (out / "runs.csv").open(newline="") as handle:
-        assert len(list(csv.DictReader(handle))) == 8
+        assert len(list(csv.DictReader(handle))) == 4
     assert header in (out / "table.md").read_text()
     assert stamps(runs) == after
 
