@@ -9,7 +9,8 @@ Reads the committed per-run values of the studies that evaluate exactly
 ``exact.expected_distinct.6400``, the expected number of distinct correct expressions in
 N = 6400 draws), groups the runs of each setting over their seeds (mean, with a 95% t-interval
 as error bars), and draws them beside the maximum-likelihood ceiling of
-``benchmarks/ceiling.py`` (``benchmarks/results/headline/ceiling.json``), the paper's Expr24 table
+``benchmarks/ceiling.py`` (``benchmarks/results/headline/ceiling.json``, 180 CPU-seconds, and
+``ceiling_long.json``, 600 on a fixed 1,500 solutions), the paper's Expr24 table
 (Llama-3.2-1B; its Unique is the sampled count at N = 6400) and the target itself (uniform over
 the 75,445 solutions: Acc 1, E[distinct] 6,136). Up and to the right is better on both axes.
 """
@@ -31,7 +32,14 @@ import matplotlib.pyplot as plt
 from scipy import stats
 
 RESULTS = Path(__file__).resolve().parent / "results"
-STUDIES = ("default_model", "log_z_regimes", "default_screen", "default_replay")
+STUDIES = (
+    "default_model",
+    "log_z_regimes",
+    "default_screen",
+    "default_replay",
+    "default_seeds",
+    "default_capacity",
+)
 """Studies whose runs.csv carry exact.acc (in the order their legends list)."""
 ACC, DISTINCT = "exact.acc", "exact.expected_distinct.6400"
 NOT_SETTING = {"seed", "wall_seconds", "n_samples", "n_solutions", "target_unique"}
@@ -82,7 +90,10 @@ def ceiling_points(path: Path) -> list[tuple[str, float, float]]:
     points = []
     for run in record["runs"]:
         last = run["curve"][-1]
-        label = f"MLE {run['layers']}x{run['width']} lr {run['lr']:g}, {run['subset']} sol."
+        label = (
+            f"MLE {run['layers']}x{run['width']} lr {run['lr']:g}, {run['subset']} sol., "
+            f"{record['seconds']:g} CPU-s"
+        )
         points.append((label, last["exact_acc"], last["expected_distinct"]))
     return points
 
@@ -90,7 +101,12 @@ def ceiling_points(path: Path) -> list[tuple[str, float, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=RESULTS / "headline" / "frontier.png")
-    parser.add_argument("--ceiling", type=Path, default=RESULTS / "headline" / "ceiling.json")
+    parser.add_argument(
+        "--ceiling",
+        type=Path,
+        nargs="*",
+        default=[RESULTS / "headline" / name for name in ("ceiling.json", "ceiling_long.json")],
+    )
     args = parser.parse_args()
     fig, ax = plt.subplots(figsize=(10, 7))
     ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)  # one colour per setting
@@ -112,7 +128,8 @@ def main() -> None:
                 capsize=3,
                 label=f"{study}: {label} (n={len(runs)})",
             )
-    for label, acc, distinct in ceiling_points(args.ceiling):
+    ceilings = [point for path in args.ceiling for point in ceiling_points(path)]
+    for label, acc, distinct in ceilings:
         ax.plot(distinct, acc, "x", color="grey", markersize=8)
         ax.annotate(label, (distinct, acc), fontsize=7, color="grey")
     for label, (acc, unique) in PAPER.items():
