@@ -228,6 +228,7 @@ def test_shipped_studies_plan(study):
         "default_screen.toml": {0, 1},
         "default_seeds.toml": {5, 6, 7, 8, 9},
         "default_capacity.toml": {0, 1},
+        "default_capacity_replay.toml": {0, 1, 2, 3, 4},
     }.get(study.name)
     assert {r.seed for r in runs} == set(spec.seeds) == (want or {0, 1, 2})
     result = CliRunner().invoke(app, ["study", str(study), "--dry-run"])
