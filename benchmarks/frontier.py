@@ -39,6 +39,7 @@ STUDIES = (
     "default_replay",
     "default_seeds",
     "default_capacity",
+    "default_capacity_replay",
 )
 """Studies whose runs.csv carry exact.acc (in the order their legends list)."""
 ACC, DISTINCT = "exact.acc", "exact.expected_distinct.6400"
@@ -109,7 +110,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     fig, ax = plt.subplots(figsize=(10, 7))
-    ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)  # one colour per setting
+    # one colour per setting (40 before a colour repeats)
+    ax.set_prop_cycle(color=plt.get_cmap("tab20").colors + plt.get_cmap("tab20b").colors)
     markers = iter("osD^v<>p*hX")
     for study in STUDIES:
         path = RESULTS / study / "runs.csv"
