@@ -217,14 +217,14 @@ def test_shipped_studies_plan(study):
     runs = plan(study)
     spec = load_study(study)
     assert len(runs) >= 3 and len({r.name for r in runs}) == len(runs)
-    # the paper's tables over three seeds; the default-model choice over five; the quickstart one;
-    # the logZ starts and the screen of levers over the two seeds they were run with; the replay
-    # share over five, and five more seeds (5-9) of the default and a larger share
+    # the paper's tables over three seeds; the default-model choice and the logZ starts over five;
+    # the quickstart one; the screens over the two seeds they were run with; the replay share over
+    # five, five more seeds (5-9) of the default and a larger share, a larger buffer over five
     want = {
         "quickstart.toml": {0},
         "default_model.toml": {0, 1, 2, 3, 4},
         "default_replay.toml": {0, 1, 2, 3, 4},
-        "log_z_regimes.toml": {0, 1},
+        "log_z_regimes.toml": {0, 1, 2, 3, 4},
         "default_screen.toml": {0, 1},
         "default_seeds.toml": {5, 6, 7, 8, 9},
         "default_capacity.toml": {0, 1},
