@@ -12,7 +12,9 @@ What changes (``versions.OVERRIDDEN_TRL_INTERNALS`` lists the TRL methods involv
   keeps (the initial weights; the adapter disabled with PEFT);
 - the loss is the configured core objective on (log_pf, log_pterm) of one forward pass of the
   policy (``prefix_log_probs``) and a learned float32 logZ in its own optimizer group;
-- checkpoints also hold logZ, the replay buffer and the replay sampler's state.
+- checkpoints also hold logZ, the replay buffer and the replay sampler's state;
+- every optimizer parameter's gradient, logZ's included, is cleared after each optimizer step
+  (``gradients``: transformers clears the model's only).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from raptb.core.replay import ReplayBuffer, make_buffer
 from raptb.integrations.trl.checkpoint_state import load_gflownet_state, save_gflownet_state
 from raptb.integrations.trl.completions_table import log_completions, record_trained_rows
 from raptb.integrations.trl.config import GFlowNetConfig
-from raptb.integrations.trl.model_card import PAPER, method_name
+from raptb.integrations.trl.gradients import ClearGradients
+from raptb.integrations.trl.model_card import card_paper, method_name
 from raptb.integrations.trl.prefix_log_probs import (
     prefix_log_probs,
     stop_log_prob,
@@ -84,7 +87,6 @@ class GFlowNetTrainer(GRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "raptb", "gflownet"]
     _name = "GFlowNet"
-    _paper: ClassVar[dict[str, Any]] = PAPER
 
     def __init__(
         self,
@@ -117,7 +119,9 @@ class GFlowNetTrainer(GRPOTrainer):
         if self._is_vlm:
             raise ValueError("GFlowNetTrainer: vision-language models are not supported")
         self.gfn_args = config
-        self._name = method_name(config.loss, config.replay)  # what TRL's model card credits
+        # what TRL's model card credits and cites
+        self._name = method_name(config.loss, config.replay)
+        self._paper = card_paper(config.loss, config.replay)
         self.stop_ids = list(dict.fromkeys(int(i) for i in self.eos_token_ids))
         self.prefix_reward_func = prefix_reward_func
         self.log_z = torch.nn.Parameter(
@@ -126,6 +130,8 @@ class GFlowNetTrainer(GRPOTrainer):
         if self.accelerator.num_processes > 1:
             # logZ lives outside the wrapped model, so its gradient is averaged here
             self.log_z.register_post_accumulate_grad_hook(_average_over_processes)
+        # and cleared here: transformers' model.zero_grad() does not reach it (gradients module)
+        self.add_callback(ClearGradients)
         self.buffer = self._build_buffer(replay_similarity)
         # the prompt token ids each stored prompt was generated with (its replay key is its text)
         self.replay_prompt_ids: dict[str, tuple[int, ...]] = {}
