@@ -37,6 +37,39 @@ def test_a_tested_trl_version_is_accepted(monkeypatch: pytest.MonkeyPatch, found
     assert versions.check_trl_version() == found
 
 
+def test_the_overridden_grpo_methods_have_the_parameters_they_were_written_for() -> None:
+    from trl import GRPOTrainer
+
+    from raptb.integrations.trl import GFlowNetTrainer
+
+    versions.check_trl_internals(GRPOTrainer)  # the installed TRL passes
+    # every GRPOTrainer method GFlowNetTrainer defines again is listed, so none escapes the check
+    own = {n for n, v in vars(GFlowNetTrainer).items() if callable(v) and hasattr(GRPOTrainer, n)}
+    assert own - {"__init__"} <= set(versions.OVERRIDDEN_SIGNATURES)
+
+
+@pytest.mark.parametrize("name", sorted(versions.OVERRIDDEN_SIGNATURES))
+def test_a_changed_or_missing_grpo_method_is_refused_at_import_in_one_line(name: str) -> None:
+    from trl import GRPOTrainer
+
+    def changed(self, inputs, extra):  # a TRL release that added a parameter
+        return None
+
+    renamed = type("GRPOTrainer", (GRPOTrainer,), {name: changed})
+    with pytest.raises(
+        ImportError, match=rf"GRPOTrainer\.{name} is now {name}\(self, inp"
+    ) as caught:
+        versions.check_trl_internals(renamed)
+    assert "\n" not in str(caught.value)
+    gone = type(
+        "GRPOTrainer",
+        (),
+        {n: getattr(GRPOTrainer, n) for n in versions.OVERRIDDEN_SIGNATURES if n != name},
+    )
+    with pytest.raises(ImportError, match=rf"GRPOTrainer\.{name} is gone"):
+        versions.check_trl_internals(gone)
+
+
 @pytest.mark.parametrize(
     ("overrides", "names"),
     [
@@ -114,9 +147,13 @@ def test_buffer_keywords_come_through_each_kinds_options_schema() -> None:
     ("overrides", "message"),
     [
         ({"replay": "rp", "replay_options": {"bin_weight_power": 1.0}}, "replay_options: .*rp"),
-        ({"replay": "subm", "replay_options": {"capacity": 0}}, "replay_options: capacity"),
-        ({"replay": "prt", "prt_alpha": 1.5}, "replay: "),
-        ({"replay": "oracle"}, "solution set"),
+        ({"replay": "subm", "replay_options": {"capacity": 0}}, "^replay_options: capacity: "),
+        ({"replay": "prt", "replay_options": {"prt_beta": 2.0}}, "^replay_options: prt_beta: "),
+        # the field the user set, not the buffer's keyword
+        ({"replay": "prt", "prt_alpha": 1.5}, r"^prt_alpha: must be in \[0, 1\], got 1.5$"),
+        ({"replay": "subm", "replay_capacity": 0}, "^replay_capacity: must be >= 1, got 0$"),
+        ({"replay": "rp", "rp_tolerance": -1.0}, "^rp_tolerance: must be >= 0"),
+        ({"replay": "oracle"}, "^replay: 'oracle' is not available here, since its items come"),
         ({"replay": "nope"}, "replay: must be one of"),
     ],
 )

@@ -6,6 +6,7 @@ advantage."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -75,8 +76,31 @@ def test_the_model_card_names_the_method_and_cites_the_paper(
     assert "RapTB" in card and "submodular replay (SubM)" in card
     title = "Rooted Absorbed Prefix Trajectory Balance with Submodular Replay for GFlowNet Training"
     assert title in card
+    assert card.count("@inproceedings{") == 1  # RapTB and SubM share one paper
     assert "@inproceedings{wang2026raptb" in card
     assert "Xi Wang and Wenbo Lu and Shengjie Wang" in card
+
+
+@pytest.mark.parametrize(
+    ("loss", "replay", "cited", "linked"),
+    [
+        ("tb", "rp", ["malkin2022trajectory", "hu2024amortizing"], "2201.13259"),
+        ("vargrad", "none", ["richter2020vargrad"], "2010.10436"),
+        ("subtb", "prt", ["madan2023learning", "shen2023towards"], "2209.12782"),
+        ("tb", "subm", ["malkin2022trajectory", "wang2026raptb"], "2201.13259"),
+    ],
+)
+def test_the_model_card_cites_each_losss_and_buffers_own_paper(
+    model_dir: Path, tmp_path: Path, loss: str, replay: str, cited: list[str], linked: str
+) -> None:
+    trainer = trainer_for(model_dir, tmp_path, log_completions=False, loss=loss, replay=replay)
+    trainer.create_model_card(model_name="run")
+    card = (tmp_path / "README.md").read_text()
+    keys = re.findall(r"@inproceedings\{(\w+),", card)
+    assert keys == cited
+    assert f"https://huggingface.co/papers/{linked}" in card
+    if "wang2026raptb" not in cited:
+        assert "Rooted Absorbed" not in card and "RapTB" not in card
 
 
 def test_the_completions_table_shows_the_trained_rows_and_gflownet_quantities(

@@ -222,9 +222,13 @@ class GFlowNetConfig(GRPOConfig):
         if self.loss not in OBJECTIVES:
             raise ValueError(f"loss: must be one of {', '.join(OBJECTIVES)}, got {self.loss!r}")
         kinds = [kind for kind in replay_kinds() if kind == NO_REPLAY or not _oracle(kind)]
+        if _oracle(self.replay):
+            raise ValueError(
+                f"replay: {self.replay!r} is not available here, since its items come from a "
+                f"task's solution set; use one of {kinds}"
+            )
         if self.replay not in kinds:
-            why = " (its items come from a task's solution set)" if _oracle(self.replay) else ""
-            raise ValueError(f"replay: must be one of {kinds}{why}, got {self.replay!r}")
+            raise ValueError(f"replay: must be one of {kinds}, got {self.replay!r}")
         if self.replay_scope not in REPLAY_SCOPES:
             raise ValueError(
                 f"replay_scope: must be one of {REPLAY_SCOPES}, got {self.replay_scope!r}"
@@ -277,11 +281,35 @@ class GFlowNetConfig(GRPOConfig):
         try:
             replay_kwargs(self.replay, extra)  # strict: a name the kind does not take
         except ValueError as exc:
-            raise ValueError(f"replay_options: {exc}") from None
+            raise ValueError(f"replay_options: {_named(exc, self.replay, extra, True)}") from None
         try:
             return replay_kwargs(self.replay, {**fields_, **extra}, strict=False)
         except ValueError as exc:
+            # name the field the user set: check them one at a time
+            for name, option in _BUFFER_FIELDS.items():
+                if option not in extra:
+                    mine = {option: fields_[option]}
+                    try:
+                        replay_kwargs(self.replay, mine, strict=False)
+                    except ValueError as alone:
+                        raise ValueError(
+                            f"{name}: {_named(alone, self.replay, mine, False)}"
+                        ) from None
             raise ValueError(f"replay: {exc}") from None
+
+
+def _named(exc: ValueError, kind: str, options: dict[str, Any], as_option: bool) -> str:
+    """``exc``'s message with a buffer constructor keyword it opens with (``alpha must be ...``)
+    said as the option of ``options`` that set it (``prt_alpha: must be ...``), or without a name
+    (``must be ...``) when not ``as_option``: the caller names the field that set it."""
+    message = str(exc)
+    for option in buffer_class(kind).options:
+        if option.name in options:
+            for argument in option.arguments:
+                if message.startswith(f"{argument} "):
+                    rest = message.removeprefix(f"{argument} ")
+                    return f"{option.name}: {rest}" if as_option else rest
+    return message
 
 
 def _oracle(kind: str) -> bool:

@@ -8,7 +8,9 @@ any TRL release, so the integration refuses another version with a one-line erro
 
 from __future__ import annotations
 
+import inspect
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from packaging.version import Version
 
@@ -57,3 +59,45 @@ def check_trl_version() -> str:
             f"pip install 'raptb[trl]'"
         )
     return installed
+
+
+OVERRIDDEN_SIGNATURES = {
+    "_generate_and_score_completions": "(self, inputs)",
+    "_calculate_rewards": "(self, inputs, prompts, completions, completion_ids_list)",
+    "_compute_loss": "(self, model, inputs)",
+    "_save_checkpoint": "(self, model, trial)",
+    "_load_optimizer_and_scheduler": "(self, checkpoint)",
+    "create_optimizer": "(self, model=None)",
+    "log": "(self, logs, start_time=None)",
+    "_get_output_dir": "(self, trial)",
+}
+"""The ``GRPOTrainer`` methods GFlowNetTrainer overrides or calls, with their parameters (names,
+kinds and defaults; annotations left out) as read in TRL ``TRL_VERSION_READ``."""
+
+
+def bare_signature(function: Any) -> str:
+    """``function``'s parameters without annotations: ``(self, model=None)``."""
+    signature = inspect.signature(function)
+    parameters = [
+        p.replace(annotation=inspect.Parameter.empty) for p in signature.parameters.values()
+    ]
+    return str(signature.replace(parameters=parameters, return_annotation=inspect.Signature.empty))
+
+
+def check_trl_internals(trainer_class: Any) -> None:
+    """ImportError (one line naming the method) when a method of ``OVERRIDDEN_SIGNATURES`` is
+    missing from ``trainer_class`` (TRL's ``GRPOTrainer``) or its parameters changed: a TRL
+    upgrade that rewrote what GFlowNetTrainer overrides is caught at import, not mid-run."""
+    for name, read in OVERRIDDEN_SIGNATURES.items():
+        method = getattr(trainer_class, name, None)
+        if method is None:
+            raise ImportError(
+                f"raptb.integrations.trl: GRPOTrainer.{name} is gone from this TRL; "
+                f"GFlowNetTrainer overrides it as read in TRL {TRL_VERSION_READ}"
+            )
+        found = bare_signature(method)
+        if found != read:
+            raise ImportError(
+                f"raptb.integrations.trl: GRPOTrainer.{name} is now {name}{found}, read as "
+                f"{name}{read} in TRL {TRL_VERSION_READ}; GFlowNetTrainer overrides it"
+            )
