@@ -6,11 +6,24 @@ by their measured durations on 2 cores) lets the many fast tests fill in around 
 ``--maxschedchunk=1`` makes xdist hand out tests two at a time as workers free up (its default
 sends each worker a first chunk of a quarter of its share, which would give one worker every slow
 test). The order changes no test's outcome: each test is independent of the others.
+
+Hypothesis runs under the ``ci`` profile when ``CI`` is set (as ``.ci/run`` is run) or when
+``HYPOTHESIS_PROFILE=ci``: derandomised (the same examples on every run, so a red CI is
+reproducible), no example database, 100 examples (Hypothesis's default) for a test that does
+not set its own count (those that do keep theirs). Locally the ``dev`` profile draws new random
+examples each run.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
+
+settings.register_profile("ci", derandomize=True, database=None, max_examples=100, deadline=None)
+settings.register_profile("dev", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 # node-id prefixes, slowest first (``pytest --durations=30`` on the development machine)
 SLOW_FIRST = (
@@ -26,6 +39,7 @@ SLOW_FIRST = (
     "tests/app/test_distributed.py::test_accelerate_launch",
     "tests/app/test_fsdp.py::test_accelerate_launch",
     "tests/app/test_crash_safety.py",
+    "tests/integrations/test_trl_resume.py::test_on_two_processes",
     "tests/app/test_plugins.py",
 )
 
