@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from raptb.adapters.lm.decode_mode import DecodeMode
 from raptb.core.gfn.objectives import RapTB
-from raptb.core.replay import BUFFERS, buffer_class, replay_kinds, replay_kwargs
+from raptb.core.replay import BUFFERS, buffer_class, option_default, replay_kinds, replay_kwargs
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -178,7 +178,9 @@ class ReplayConfig(Section):
         description="Replay: none, rp, prt, subm, oracle (enumerable tasks only); the kinds of "
         "core.replay's registry.",
     )
-    capacity: Annotated[int, Field(ge=1)] = Field(200, description="Items kept per prompt.")
+    capacity: Annotated[int, Field(ge=1)] = Field(
+        option_default("subm", "capacity"), description="Items kept per prompt."
+    )
     p_replay: ProbabilityPair = Field(
         (0.5, 0.25),
         description="Probability that a row is drawn from the buffer (start, end).",
@@ -225,12 +227,12 @@ class ReplayConfig(Section):
         "None: the task's preset.",
     )
     subm_method: Literal["lazy", "standard"] = Field(
-        "lazy",
+        option_default("subm", "subm_method"),
         description="SubM greedy: lazy (Minoux) selects exactly what the paper's standard greedy "
         "does, faster.",
     )
     subm_diversity: Literal["facility", "dispersion"] = Field(
-        "facility",
+        option_default("subm", "subm_diversity"),
         description="SubM's diversity term: the paper's facility location, or the released "
         "reference code's dispersion rule for comparison runs.",
     )

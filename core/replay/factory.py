@@ -8,6 +8,7 @@ kind`` value) and a ``config_kwargs`` classmethod (which ``[replay]`` options it
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,6 +46,19 @@ def register_buffer(cls: type[ReplayBuffer]) -> type[ReplayBuffer]:
 def buffer_class(kind: str) -> type[ReplayBuffer]:
     """The registered class of ``kind``; a ValueError lists the kinds otherwise."""
     return BUFFERS.lookup(kind)
+
+
+def option_default(kind: str, option: str) -> Any:
+    """The default of buffer ``kind``'s option ``option`` (by its schema name): the default of
+    the constructor keyword it sets, or the list of them for an option that sets several
+    (``subm_weights``). The one source of the buffers' defaults: ``[replay]`` and the TRL config
+    read theirs here."""
+    declared = {o.name: o for o in buffer_class(kind).options}
+    if option not in declared:
+        raise ValueError(f"replay {kind!r} has no option {option!r}")
+    parameters = inspect.signature(buffer_class(kind).__init__).parameters
+    defaults = [parameters[argument].default for argument in declared[option].arguments]
+    return defaults[0] if len(defaults) == 1 else defaults
 
 
 def replay_kwargs(kind: str, options: Mapping[str, Any], *, strict: bool = True) -> dict[str, Any]:

@@ -115,6 +115,42 @@ def test_every_new_field_is_documented_once_in_the_class_docstring() -> None:
         assert f.metadata["help"].split()[0] in doc
 
 
+def test_every_buffer_fields_default_is_the_core_buffers_own() -> None:
+    from raptb.core.replay import BUFFER_KINDS, buffer_class, option_default
+    from raptb.integrations.trl.config import _BUFFER_FIELDS
+
+    defaults = {f.name: f.default for f in fields(GFlowNetConfig)}
+    checked = 0
+    for name, option in _BUFFER_FIELDS.items():
+        for kind in BUFFER_KINDS:
+            if option in {o.name for o in buffer_class(kind).options}:
+                core = option_default(kind, option)
+                # None keeps the buffer's own default (subm_weights)
+                assert defaults[name] in (core, None), (name, kind, defaults[name], core)
+                checked += 1
+    assert checked >= len(_BUFFER_FIELDS)
+
+
+def test_the_replay_sections_defaults_are_the_core_buffers_own() -> None:
+    from raptb.app.configuration.sections import ReplayConfig
+    from raptb.core.replay import buffer_class, option_default
+
+    section = ReplayConfig()
+    for option in buffer_class("subm").options:
+        if option.name in ReplayConfig.model_fields:
+            mine = getattr(section, option.name)
+            assert mine is None or mine == option_default("subm", option.name), option.name
+
+
+def test_option_default_reads_the_constructor() -> None:
+    from raptb.core.replay import option_default
+
+    assert option_default("subm", "subm_weights") == [1.0, 1.0, 1.0, 1.0]
+    assert option_default("prt", "prt_beta") == 0.2
+    with pytest.raises(ValueError, match="has no option 'prt_alpha'"):
+        option_default("rp", "prt_alpha")
+
+
 def test_buffer_keywords_come_through_each_kinds_options_schema() -> None:
     """The buffer fields reach each kind's constructor keywords through its schema, only those
     it declares (hand-written expectations); replay_options add the rest by [replay] names."""

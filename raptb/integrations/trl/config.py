@@ -23,7 +23,13 @@ from raptb.core.gfn.objectives import (
     objective_by_name,
     objective_hyperparameters,
 )
-from raptb.core.replay import NO_REPLAY, buffer_class, replay_kinds, replay_kwargs
+from raptb.core.replay import (
+    NO_REPLAY,
+    buffer_class,
+    option_default,
+    replay_kinds,
+    replay_kwargs,
+)
 from raptb.core.schedules import LinearSchedule
 from raptb.integrations.trl.replay import REPLAY_SCOPES
 
@@ -175,7 +181,9 @@ class GFlowNetConfig(GRPOConfig):
         "Replay fraction at the end of training, reached linearly over `max_steps`. If `None`, "
         "`replay_fraction` throughout.",
     )
-    replay_capacity: int = _help(200, "Replay items kept per prompt.")
+    replay_capacity: int = _help(
+        option_default("subm", "capacity"), "Replay items kept per prompt."
+    )
     replay_valid_min_reward: float | None = _help(
         None,
         "A completion whose reward is at least this counts as valid for SubM's validity term and "
@@ -189,23 +197,29 @@ class GFlowNetConfig(GRPOConfig):
         },
     )
     subm_gating_ratio: float = _help(
-        0.0,
+        option_default("subm", "gating_ratio"),
         "SubM validity gating: least fraction of valid items among the candidates (1: valid "
         "items only).",
     )
     subm_shingles: str = _help(
-        "text",
+        option_default("subm", "shingle_on"),
         "SubM similarity: Jaccard on k-gram shingles of the completion's characters ('text') or "
         "words ('words'); a `replay_similarity` callable given to the trainer replaces it.",
     )
-    subm_shingle_k: int = _help(2, "SubM: shingle size k.")
+    subm_shingle_k: int = _help(option_default("subm", "shingle_k"), "SubM: shingle size k.")
     rp_tolerance: float = _help(
-        0.25,
+        option_default("rp", "rp_tolerance"),
         "RP/PRT near-duplicate filter: an item within token edit distance tolerance * (len_a + "
         "len_b) of a stored item with no lower reward is not added.",
     )
-    prt_alpha: float = _help(0.7, "PRT: fraction of replayed items drawn from the top tier.")
-    prt_beta: float = _help(0.2, "PRT: the top tier is the best ceil(prt_beta * size) items.")
+    prt_alpha: float = _help(
+        option_default("prt", "prt_alpha"),
+        "PRT: fraction of replayed items drawn from the top tier.",
+    )
+    prt_beta: float = _help(
+        option_default("prt", "prt_beta"),
+        "PRT: the top tier is the best ceil(prt_beta * size) items.",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
