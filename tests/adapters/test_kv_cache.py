@@ -31,10 +31,44 @@ def test_a_rollout_warns_nothing(model: str, decode: str) -> None:
     assert rollout.tokens.shape == (2, 6)
 
 
-def test_the_keyword_is_one_the_forward_takes() -> None:
+class _Forward(torch.nn.Module):
+    """A module whose forward takes the given keyword names (and nothing else of interest)."""
+
+    def __init__(self, *names: str) -> None:
+        super().__init__()
+        params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None) for n in names]
+        self.forward = lambda **kwargs: None  # type: ignore[method-assign]
+        self.forward.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+
+
+class _Wrapper(torch.nn.Module):
+    """A PEFT-like wrapper whose own forward takes anything (``**kwargs``)."""
+
+    def __init__(self, base: torch.nn.Module) -> None:
+        super().__init__()
+        self.base = base
+
+    def forward(self, *args, **kwargs):
+        return self.base(*args, **kwargs)
+
+    def get_base_model(self) -> torch.nn.Module:
+        return self.base
+
+
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        (("input_ids", "cache"), "cache"),  # transformers 5
+        (("input_ids", "past_key_values"), "past_key_values"),  # transformers 4
+        (("input_ids", "past_key_values", "cache"), "cache"),  # both: the new name
+    ],
+)
+def test_the_keyword_is_the_one_the_base_models_forward_takes(names, expected) -> None:
+    model = _Forward(*names)
+    assert cache_keyword(model) == expected
+    assert cache_keyword(_Wrapper(model)) == expected  # read from the base, not the wrapper
+
+
+def test_the_installed_transformers_tiny_model_takes_its_keyword() -> None:
     policy = make_policy(GRAMMAR)
-    keyword = cache_keyword(policy.model)
-    assert keyword in inspect.signature(policy.model.forward).parameters
-    # the name transformers has not deprecated: with both present, the new one
-    names = inspect.signature(policy.model.forward).parameters
-    assert keyword == ("cache" if "cache" in names else "past_key_values")
+    assert cache_keyword(policy.model) in inspect.signature(policy.model.forward).parameters

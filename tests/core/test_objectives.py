@@ -176,6 +176,23 @@ def test_rooted_residuals_do_not_see_log_z(d, log_z, shift, hp):
     assert close(sub(np_batch(d), log_z)[0], sub(np_batch(d), log_z + shift)[0])
 
 
+@settings(max_examples=30, deadline=None)
+@given(batches, log_zs, raptb_hp)
+def test_the_rooted_auxiliary_loss_sends_no_gradient_to_log_z(d, log_z, hp):
+    """Torch autograd: d/d logZ of RapTB's loss is TB's, so the auxiliary part's is 0 (logZ
+    cancels in every rooted residual)."""
+    hp = {**hp, "eta": 1.0}
+    grads = {}
+    for name, kwargs in (("raptb", hp), ("tb", {})):
+        batch = torch_batch(d, requires_grad=True)
+        lz = torch.tensor(log_z, dtype=torch.float64, requires_grad=True)
+        loss, _ = objective_by_name(name, **kwargs)(batch, lz)
+        (grads[name],) = torch.autograd.grad(loss, [lz])
+    g_rap, g_tb = grads["raptb"], grads["tb"]
+    assert abs(float(g_rap - g_tb)) <= 1e-9 * (1.0 + abs(float(g_tb)))
+    assert g_tb != 0
+
+
 @settings(max_examples=40, deadline=None)
 @given(batches, log_zs, raptb_hp)
 def test_raptb_with_eta_zero_is_tb(d, log_z, hp):

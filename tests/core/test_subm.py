@@ -12,8 +12,9 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
 
 import raptb.core.subm.select as subm_module
 from raptb.core.subm.select import (
@@ -27,17 +28,37 @@ from raptb.core.subm.select import (
 )
 
 
+def _on_grid(points: np.ndarray) -> np.ndarray:
+    """Similarity exp(-2 |x_i - x_j|) of the rows of ``points``: symmetric, in (0, 1], diagonal
+    1, on the 2**-15 grid the selection works on (so float64 references compare like with
+    like)."""
+    d = np.linalg.norm(points[:, None] - points[None], axis=-1)
+    return (np.round(np.exp(-2.0 * d) * SCALE) / SCALE).astype(np.float32)
+
+
 def _instance(seed: int, n: int, n_bins: int = 3, static_scale: float = 1.0):
+    """A fixed instance of n items from ``seed`` (for the example-based tests)."""
     rng = np.random.default_rng(seed)
-    x = rng.random((n, 4))
-    d = np.linalg.norm(x[:, None] - x[None], axis=-1)
-    sim = np.exp(-2.0 * d)  # symmetric, in (0, 1], diag 1
-    # On the 2**-15 grid the selection works on, so float64 references compare like with like.
-    sim = (np.round(sim * SCALE) / SCALE).astype(np.float32)
-    static = static_scale * rng.random(n)
-    bins = rng.integers(0, n_bins, n)
-    alpha = rng.random(n_bins) + 0.1
-    return sim, static, bins, alpha
+    return (
+        _on_grid(rng.random((n, 4))),
+        static_scale * rng.random(n),
+        rng.integers(0, n_bins, n),
+        (rng.random(n_bins) + 0.1),
+    )
+
+
+@st.composite
+def instances(draw, min_n: int, max_n: int, n_bins: int = 3, static_scale: float = 1.0):
+    """(sim, static, bins, alpha) of n items drawn element by element, so that Hypothesis shrinks
+    a failing instance to the fewest items with the simplest points, scores and bins."""
+    n = draw(st.integers(min_n, max_n))
+    unit = st.floats(0.0, 1.0)
+    points = draw(arrays(np.float64, (n, 4), elements=unit))
+    # static scores > 0 (every item has a positive gain), as the tests that use up the budget need
+    static = static_scale * draw(arrays(np.float64, n, elements=st.floats(1e-6, 1.0)))
+    bins = draw(arrays(np.int64, n, elements=st.integers(0, n_bins - 1)))
+    alpha = draw(arrays(np.float64, n_bins, elements=st.floats(0.1, 1.1)))
+    return _on_grid(points), static, bins, alpha
 
 
 def _f(S, sim, static, bins, alpha, w_div, w_len) -> float:
@@ -75,16 +96,15 @@ weights = st.tuples(st.floats(0.0, 3.0), st.floats(0.0, 3.0))
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(2, 9), w=weights)
-def test_objective_is_monotone_and_submodular(seed, n, w):
+@given(inst=instances(2, 9), w=weights, data=st.data())
+def test_objective_is_monotone_and_submodular(inst, w, data):
     w_div, w_len = w
-    sim, static, bins, alpha = _instance(seed, n)
-    rng = np.random.default_rng(seed + 1)
-    big = [int(i) for i in np.flatnonzero(rng.random(n) < 0.6)]
-    small = [i for i in big if rng.random() < 0.5]
+    sim, static, bins, alpha = inst
+    n = len(static)
+    big = sorted(data.draw(st.sets(st.integers(0, n - 1), max_size=n - 1), label="big"))
+    small = [i for i in big if data.draw(st.booleans(), label=f"{i} in small")]
     outside = [x for x in range(n) if x not in big]
-    assume(outside)
-    x = outside[0]
+    x = data.draw(st.sampled_from(outside), label="x")
 
     def f(S):
         return subm_value(
@@ -97,14 +117,10 @@ def test_objective_is_monotone_and_submodular(seed, n, w):
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    seed=st.integers(0, 2**32 - 1),
-    n=st.integers(1, 40),
-    budget=st.integers(0, 45),
-    w=weights,
-)
-def test_standard_and_lazy_agree_and_return_distinct_indices(seed, n, budget, w):
-    sim, static, bins, alpha = _instance(seed, n)
+@given(inst=instances(1, 40), budget=st.integers(0, 45), w=weights)
+def test_standard_and_lazy_agree_and_return_distinct_indices(inst, budget, w):
+    sim, static, bins, alpha = inst
+    n = len(static)
     kw = dict(w_div=w[0], w_len=w[1], bin_alpha=alpha)
     std = subm_select(sim, static, bins, budget, method="standard", **kw)
     lazy = subm_select(sim, static, bins, budget, method="lazy", **kw)
@@ -116,9 +132,9 @@ def test_standard_and_lazy_agree_and_return_distinct_indices(seed, n, budget, w)
 
 
 @settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 9), budget=st.integers(1, 9), w=weights)
-def test_greedy_matches_textbook_loop(seed, n, budget, w):
-    sim, static, bins, alpha = _instance(seed, n, static_scale=2.0)
+@given(inst=instances(1, 9, static_scale=2.0), budget=st.integers(1, 9), w=weights)
+def test_greedy_matches_textbook_loop(inst, budget, w):
+    sim, static, bins, alpha = inst
     static = static - 1.0  # some negative statics exercise the stop rule
     got = subm_select(sim, static, bins, budget, w_div=w[0], w_len=w[1], bin_alpha=alpha)
     want = _greedy_ref(sim, static, bins, alpha, budget, w[0], w[1])
@@ -135,9 +151,10 @@ def test_ties_are_broken_by_lowest_index():
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 10), budget=st.integers(1, 4), w=weights)
-def test_greedy_is_within_one_minus_inverse_e_of_brute_force(seed, n, budget, w):
-    sim, static, bins, alpha = _instance(seed, n)
+@given(inst=instances(1, 10), budget=st.integers(1, 4), w=weights)
+def test_greedy_is_within_one_minus_inverse_e_of_brute_force(inst, budget, w):
+    sim, static, bins, alpha = inst
+    n = len(static)
     kw = dict(w_div=w[0], w_len=w[1], bin_alpha=alpha)
     best = max(
         subm_value(np.array(S, dtype=int), sim, static, bins, **kw)
@@ -162,9 +179,10 @@ def test_stops_when_no_candidate_has_positive_gain():
 
 
 @settings(max_examples=20, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(5, 60), eps=st.floats(0.01, 0.9))
-def test_stochastic_greedy_is_seeded_distinct_and_near_lazy(seed, n, eps):
-    sim, static, bins, _ = _instance(seed, n)
+@given(inst=instances(5, 60), seed=st.integers(0, 2**32 - 1), eps=st.floats(0.01, 0.9))
+def test_stochastic_greedy_is_seeded_distinct_and_near_lazy(inst, seed, eps):
+    sim, static, bins, _ = inst
+    n = len(static)
     budget = max(1, n // 3)
     a = subm_select(
         sim, static, bins, budget, method="stochastic", epsilon=eps, rng=np.random.default_rng(seed)
@@ -370,20 +388,23 @@ def test_batched_lazy_and_fused_row_sums_equal_standard(monkeypatch, batch_min_n
 
 @settings(max_examples=25, deadline=None)
 @given(
+    inst=instances(1, 40),
     seed=st.integers(0, 2**32 - 1),
-    n=st.integers(1, 40),
     w=weights,
     gate=st.sampled_from([None, 0.0, 0.6, 1.0]),
+    data=st.data(),
 )
-def test_quantised_input_selects_and_values_like_its_float_form(seed, n, w, gate):
+def test_quantised_input_selects_and_values_like_its_float_form(inst, seed, w, gate, data):
     # A QuantisedSimilarity skips rounding and checks; selection and f(S) must equal those of
     # the float matrix it came from, for every method, gated or not.
-    sim, static, bins, alpha = _instance(seed, n)
+    sim, static, bins, alpha = inst
+    n = len(static)
     qs = QuantisedSimilarity.from_float(sim)
     np.testing.assert_array_equal(qs.values, quantise_similarity(sim))
     np.testing.assert_array_equal(qs.row_sums, qs.values.sum(axis=1, dtype=np.int64))
     np.testing.assert_array_equal(qs.to_float(), sim)  # grid values round-trip exactly
-    valid = None if gate is None else np.random.default_rng(seed).random(n) < 0.6
+    flags = data.draw(arrays(np.bool_, n), label="valid")
+    valid = None if gate is None else flags
     kw = dict(w_div=w[0], w_len=w[1], bin_alpha=alpha, valid=valid, gating_ratio=gate or 0.0)
     budget = max(1, n // 2)
     for method in ("standard", "lazy"):
@@ -449,15 +470,18 @@ def _dispersion_ref(sim, static, bins, alpha, budget, w_div, w_len, pool=None) -
 
 @settings(max_examples=30, deadline=None)
 @given(
+    inst=instances(1, 25, static_scale=2.0),
     seed=st.integers(0, 2**32 - 1),
-    n=st.integers(1, 25),
     w=weights,
     gate=st.sampled_from([None, 0.5, 1.0]),
+    data=st.data(),
 )
-def test_dispersion_rule_matches_textbook_loop(seed, n, w, gate):
-    sim, static, bins, alpha = _instance(seed, n, static_scale=2.0)
+def test_dispersion_rule_matches_textbook_loop(inst, seed, w, gate, data):
+    sim, static, bins, alpha = inst
+    n = len(static)
     static = static - 0.5  # some negative static scores: the loop may stop early
-    valid = None if gate is None else np.random.default_rng(seed + 1).random(n) < 0.6
+    flags = data.draw(arrays(np.bool_, n), label="valid")
+    valid = None if gate is None else flags
     kw = dict(w_div=w[0], w_len=w[1], bin_alpha=alpha, valid=valid, gating_ratio=gate or 0.0)
     pool = None if valid is None else validity_pool(valid, static, gate)
     budget = max(1, n // 2)
