@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from raptb.adapters.tasks.registry import TaskOptions, task_names, task_spec
+from raptb.app.configuration.loss_defaults import own_defaults
 from raptb.app.configuration.losses import Loss, loss_entry, loss_names
 from raptb.app.configuration.report_to import check_report_to
 from raptb.app.configuration.rl import RLConfig
@@ -322,6 +323,8 @@ def build_config(file: Path | None = None, overrides: dict[str, Any] | None = No
     known = isinstance(loss, str) and loss in loss_names()
     if known:
         data = _merge(dict(loss_entry(loss).presets), data)
+        section = RLConfig if loss_entry(loss).section == "rl" else ObjectiveConfig
+        data = _merge(own_defaults(loss_entry(loss), set(section.model_fields)), data)
     gflownet = known and loss_entry(loss).section == "objective"
     if data.get("model", "tiny") == "tiny" and gflownet and not chosen_split:
         data = _one_micro_batch(data)
