@@ -224,7 +224,8 @@ def _print_summary(metrics: dict[str, Any], out: Path, spec: TaskSpec) -> None:
         table.add_row(key, _cell(metrics[key]))
     for k, value in metrics["pass_at_k"].items():
         table.add_row(f"pass@{k}", "n < k" if value is None else _cell(value))
-    table.add_row("vendi", _cell(metrics["vendi"]))
+    if metrics["vendi"] is not None:
+        table.add_row("vendi", _cell(metrics["vendi"]))
     console = Console()
     console.print(table)
     if spec.length_table:

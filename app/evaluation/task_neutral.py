@@ -11,7 +11,8 @@
   "tokens"``: the token ids). Per prompt, then averaged over the prompts (a prompt without a
   correct sample counts 0). ``vendi_info`` says what it was computed on: samples scored,
   distinct items, whether a prompt was subsampled (more than ``max_distinct`` distinct
-  correct samples), the kernel and the seconds it took.
+  correct samples), the kernel and the seconds it took. A task whose preset names Tanimoto but
+  that gives no fingerprints (no ``item_features``) gets ``vendi`` null.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ def task_neutral_metrics(
     prompts = [row["prompt"] for row in rows]
     kernel = SubmodularBuffer(**replay_kwargs("subm", spec.subm))
     describe = _describer(task, kernel)
+    report = {"pass_at_k": pass_at_k_report(prompts, [bool(row["correct"]) for row in rows])}
+    if describe is None:  # a Tanimoto preset on a task that gives no fingerprints
+        return {**report, "vendi": None, "vendi_info": {"kernel": "tanimoto, no item_features"}}
     by_prompt: dict[str, list[tuple[Hashable, Any]]] = defaultdict(list)
     for row in rows:
         if row["correct"]:
@@ -61,7 +65,7 @@ def task_neutral_metrics(
     ]
     n_prompts = len(set(prompts))
     return {
-        "pass_at_k": pass_at_k_report(prompts, [bool(row["correct"]) for row in rows]),
+        **report,
         "vendi": float(sum(e.score for e in estimates) / n_prompts) if n_prompts else 0.0,
         "vendi_info": {
             "samples": sum(e.samples for e in estimates),
@@ -74,11 +78,12 @@ def task_neutral_metrics(
 
 
 def _describer(task: Task, kernel: SubmodularBuffer) -> Any:
-    """row -> (key, item): what the task's SubM kernel compares, and when two are the same."""
+    """row -> (key, item): what the task's SubM kernel compares, and when two are the same;
+    None for a Tanimoto kernel on a task without ``item_features``."""
     if kernel.similarity == "tanimoto":
         features = TaskCapabilities.of(task).item_features
         if features is None:
-            raise ValueError(f"task {task.name!r}: a Tanimoto kernel needs item_features")
+            return None
         memo: dict[tuple[str, str], tuple[Hashable, np.ndarray]] = {}
 
         def molecule(row: dict[str, Any]) -> tuple[Hashable, np.ndarray]:

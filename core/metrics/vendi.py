@@ -34,7 +34,8 @@ from raptb.core.metrics.diversity import PairwiseSimilarity
 
 DEFAULT_VENDI_DISTINCT = 4096
 """Distinct items past which :func:`sample_vendi` subsamples (an eigendecomposition of
-4,096 x 4,096 takes about 6 s on one core, 2,048 about 1 s)."""
+4,096 x 4,096 takes 6-12 s on one core of a shared 2-core CPU, 2,048 about 1 s:
+benchmarks/vendi.md)."""
 
 
 def vendi_score(

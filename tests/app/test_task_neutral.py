@@ -91,3 +91,10 @@ def test_token_kernel_and_subsampling() -> None:
     small = task_neutral_metrics(SimpleNamespace(name="expr24"), spec, rows, max_distinct=4)
     assert small["vendi_info"]["subsampled"] and small["vendi_info"]["samples"] == 4
     assert 1.0 <= small["vendi"] <= 4.0
+
+
+def test_tanimoto_without_fingerprints_reports_no_vendi() -> None:
+    task = SimpleNamespace(name="plugin", score=None)
+    rows = rows_of("p", ["A", "B"], [True, False])
+    out = task_neutral_metrics(task, task_spec("smiles"), rows)
+    assert out["vendi"] is None and out["pass_at_k"]["1"] == pytest.approx(0.5)
