@@ -4,11 +4,11 @@ For an enumerable task (its registry entry lists its solutions: Expr24) with one
 behaviour probability at temperature 1 of every solution is computed exactly
 (``raptb.adapters.lm.exact``: same legal tokens, grammar and length rules as sampling, stop
 included), then reduced to the exact metrics of ``raptb.core.metrics.exact``:
-accuracy pi(Y*), mass per length, the distance to p*, uniform on Y* (the 0/1 reward): both KLs and
-the total variation, of pi restricted to Y* and of pi over all texts; uniformity over Y*, the
-active modes holding 50% and 90% of the correct mass, and the expected number of distinct
-solutions at N draws, at the evaluation's N and as a curve over N = 64 ... 6,400. No sampling is
-done. When ``eval/metrics.json``
+accuracy pi(Y*), pass@k = 1 - (1 - pi(Y*))^k, mass per length, the distance to p*, uniform on
+Y* (the 0/1 reward): both KLs and the total variation, of pi restricted to Y* and of pi over all
+texts; uniformity over Y*, the active modes holding 50% and 90% of the correct mass, and the
+expected number of distinct solutions at N draws, at the evaluation's N and as a curve over
+N = 64 ... 6,400. No sampling is done. When ``eval/metrics.json``
 from the same checkpoint exists, its sampled estimates are compared with the exact values
 (binomial 95% intervals; a conservative bound for the distinct count).
 
@@ -173,6 +173,8 @@ def print_exact_summary(metrics: dict[str, Any]) -> None:
         ("uniformity H(pi|Y*) / log|Y*|", "uniformity"),
     ):
         row(name, metrics[key], None)
+    for k, value in metrics["pass_at_k"].items():
+        row(f"pass@{k} = 1 - (1 - acc)^k", value, None)
     for share, count in metrics["active_modes"].items():
         table.add_row(
             f"active modes, {share}% of pi(Y*)", f"{count:,}", *([""] * 3 * bool(sampled))

@@ -7,6 +7,7 @@ Given log pi(x) for every x in Y* (the behaviour probability, stop included, e.g
     mass(n)     = sum_{x in Y*, |x| = n} pi(x)                      (|x|: tokens before the stop)
     KL          = KL(p* || pi|Y*) = sum_x p*(x) [log p*(x) - log pi(x) + log pi(Y*)]
     E_N         = E[#distinct x in Y* among N i.i.d. draws] = sum_x 1 - (1 - pi(x))^N
+    pass@k      = 1 - (1 - pi(Y*))^k    (what the sampled pass@k estimates, for one prompt)
 
 with p*(x) proportional to exp(log_target(x)) (uniform over Y* for a 0/1 reward).
 
@@ -46,6 +47,8 @@ from statistics import NormalDist
 from typing import Any
 
 import numpy as np
+
+from raptb.core.metrics.pass_at_k import DEFAULT_PASS_K
 
 DEFAULT_CONFIDENCE = 0.95
 DISTINCT_CURVE = (64, 128, 256, 512, 1024, 2048, 4096, 6400)
@@ -214,6 +217,13 @@ def correct_mass_curve(log_pi: Sequence[float] | np.ndarray) -> dict[int, float]
     return {r: float(cumulative[r - 1]) for r in ranks}
 
 
+def exact_pass_at_k(log_pi: Sequence[float] | np.ndarray, k: int) -> float:
+    """1 - (1 - pi(Y*))^k: the chance that k i.i.d. draws hold a solution."""
+    if k < 1:
+        raise ValueError(f"k: must be >= 1, got {k}")
+    return float(-np.expm1(k * log1m_exp(np.array([_log_sum(_log_probs(log_pi))]))[0]))
+
+
 def expected_distinct(log_pi: Sequence[float] | np.ndarray, n: int) -> float:
     """E_N: expected number of distinct solutions among ``n`` i.i.d. draws."""
     return float(_seen_probability(_log_probs(log_pi), n).sum())
@@ -263,13 +273,15 @@ def exact_metrics(
     draws: Sequence[int],
     log_target: Sequence[float] | np.ndarray | None = None,
     curve: Sequence[int] = DISTINCT_CURVE,
+    pass_k: Sequence[int] = DEFAULT_PASS_K,
 ) -> dict[str, Any]:
     """Every exact metric as a JSON-ready dict.
 
     log_pi: [M] log pi of each solution (summed over its token paths). path_log_pi, path_lengths:
     [P] log pi and tokens before the stop of each token path (P = M when every text has one
     path), for the mass per length. draws: the N values of E_N. log_target: [M] log-weights of
-    p* (default uniform). curve: the N of the E_N curve. Keys: n_solutions, acc, log_acc,
+    p* (default uniform). curve: the N of the E_N curve. pass_k: the k of pass@k. Keys:
+    n_solutions, acc, log_acc, pass_at_k ({k: 1 - (1 - acc)^k}),
     mass_by_length ({n: mass}), kl_target_pi, kl_pi_target, kl_target_pi_all, tv_target_pi,
     tv_target_pi_all, uniformity, active_modes ({"50": Modes_0.5, "90": Modes_0.9}),
     correct_mass_curve ({r: share of pi(Y*) on the r most probable solutions}),
@@ -288,6 +300,7 @@ def exact_metrics(
         "n_solutions": int(values.size),
         "acc": float(np.exp(log_acc)),
         "log_acc": log_acc,
+        "pass_at_k": {str(k): exact_pass_at_k(values, k) for k in pass_k},
         "mass_by_length": {str(n): v for n, v in by_length.items()},
         "kl_target_pi": conditional_kl(target, values),
         "kl_pi_target": reverse_conditional_kl(target, values),

@@ -89,6 +89,8 @@ def test_exact_json_matches_direct_computation(run: Path) -> None:
     assert exact["kl_pi_target"] == pytest.approx(math.log(pi.size) - entropy, rel=1e-6)
     assert exact["uniformity"] == pytest.approx(entropy / math.log(pi.size), rel=1e-6)
     assert exact["kl_target_pi_all"] == pytest.approx(np.mean(np.log(p / pi)), rel=1e-6)
+    acc = pi.sum()
+    assert exact["pass_at_k"]["64"] == pytest.approx(1 - (1 - acc) ** 64, rel=1e-6)
     ranked = np.cumsum(np.sort(q)[::-1])
     for share in (50, 90):
         assert exact["active_modes"][str(share)] == int(np.argmax(ranked >= share / 100)) + 1

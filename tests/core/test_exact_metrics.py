@@ -168,7 +168,12 @@ def test_distances_to_the_target_hand_computed() -> None:
     # shares 1/2, 5/6, 1 from the most probable down: 1 mode for 50%, 3 for 90%
     assert em.active_modes(LOG_PI, 0.5) == 1 and em.active_modes(LOG_PI, 0.9) == 3
     assert em.correct_mass_curve(LOG_PI) == pytest.approx({1: 0.5, 2: 5 / 6, 3: 1.0})
+    # pass@k = 1 - 0.4^k; pi(Y*) = 1 - 1e-15: 1 - (1e-15)^2 = 1 in float64 without 0.999...
+    assert em.exact_pass_at_k(LOG_PI, 3) == pytest.approx(1 - 0.4**3)
+    assert em.exact_pass_at_k([math.log1p(-1e-15)], 2) == 1.0
+    assert em.exact_pass_at_k([math.log(1e-20)], 64) == pytest.approx(64e-20, rel=1e-9)
     out = em.exact_metrics(LOG_PI, LOG_PI, [3, 5, 5], draws=[2], curve=[1, 2])
+    assert out["pass_at_k"] == pytest.approx({str(k): 1 - 0.4**k for k in (1, 8, 64, 256)})
     assert out["tv_target_pi_all"] == pytest.approx(0.4)
     assert out["kl_pi_target"] == pytest.approx(reverse)
     assert out["kl_target_pi_all"] == pytest.approx(total)
