@@ -37,7 +37,7 @@ q_x = 1 - (1 - pi(x))^N, a conservative spread for comparing a sampled count wit
 
 Sampled estimates are compared with central binomial intervals: under Binomial(N, p), the
 interval [lo, hi] / N with lo the smallest k whose CDF reaches (1 - c) / 2 and hi the smallest
-k whose CDF reaches (1 + c) / 2, from the pmf accumulated in log space.
+k whose CDF reaches (1 + c) / 2 (to within 1e-12), from the pmf accumulated in log space.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ DISTINCT_CURVE = (64, 128, 256, 512, 1024, 2048, 4096, 6400)
 """The N of the E_N curve (``distinct_curve``): doubling from 64, and the evaluation's 6,400."""
 MODE_SHARES = (0.5, 0.9)
 """The shares q of the correct mass whose active modes are counted."""
-_MODE_TOLERANCE = 1e-12
+_LEVEL_TOLERANCE = 1e-12
+"""A cumulative sum (of pi|Y*, of a binomial pmf) within this below a level reaches it."""
 
 
 def _log_probs(log_pi: Sequence[float] | np.ndarray) -> np.ndarray:
@@ -194,7 +195,7 @@ def active_modes(log_pi: Sequence[float] | np.ndarray, share: float) -> int:
     cumulative = _cumulative_share(values)
     if cumulative is None:
         return 0
-    count = int(np.searchsorted(cumulative, share - _MODE_TOLERANCE, side="left")) + 1
+    count = int(np.searchsorted(cumulative, share - _LEVEL_TOLERANCE, side="left")) + 1
     return min(count, int(np.count_nonzero(values > -np.inf)))
 
 
@@ -260,8 +261,9 @@ def binomial_interval(
     steps = np.log(n - k) - np.log(k + 1) + np.log(p) - np.log1p(-p)
     log_pmf = np.concatenate([[n * np.log1p(-p)], n * np.log1p(-p) + np.cumsum(steps)])
     cdf = np.cumsum(np.exp(log_pmf - _log_sum(log_pmf)))
-    lo = int(np.searchsorted(cdf, (1.0 - confidence) / 2.0))
-    hi = int(np.searchsorted(cdf, (1.0 + confidence) / 2.0))
+    # the CDF accumulated in log space can land a rounding error below a level it reaches
+    lo = int(np.searchsorted(cdf, (1.0 - confidence) / 2.0 - _LEVEL_TOLERANCE))
+    hi = int(np.searchsorted(cdf, (1.0 + confidence) / 2.0 - _LEVEL_TOLERANCE))
     return lo / n, min(hi, n) / n
 
 

@@ -124,6 +124,8 @@ def test_binomial_interval_hand_computed() -> None:
     # 50% interval: 25% reached at k = 1, 75% at k = 3
     assert em.binomial_interval(0.5, 4, 0.5) == (0.25, 0.75)
     assert em.binomial_interval(0.0, 10) == (0.0, 0.0)
+    # Binomial(1, 1/4): the CDF is 3/4 at k = 0, exactly the 75% level of a 50% interval
+    assert em.binomial_interval(0.25, 1, 0.5) == (0.0, 0.0)
     with pytest.raises(ValueError, match="p:"):
         em.binomial_interval(1.5, 10)
 
