@@ -26,11 +26,13 @@ Outputs under ``RUN_DIR/eval/``:
                     per-prefix log-reward; the reference term kappa * log P_ref is not
                     recomputed), so every metric can be recomputed offline
     metrics.json    the task spec's metrics of the samples (Expr24: against the enumerated Y*;
-                    SMILES: with ``molecule`` and ``canonical`` added to each sample), plus an
-                    ``eval`` entry saying which checkpoint, seed and batch size produced them
+                    SMILES: with ``molecule`` and ``canonical`` added to each sample), the
+                    metrics every task gets (``pass_at_k`` for k = 1, 8, 64, 256 and ``vendi``,
+                    app.evaluation.task_neutral), plus an ``eval`` entry saying which
+                    checkpoint, seed and batch size produced them
     *.png           length histogram of correct samples, prefix diagnostics by depth, score by
-                    length, the spec's per-length plots, and training curves when the run has a
-                    ``metrics.jsonl``
+                    length, pass@k against k, the spec's per-length plots, and training curves
+                    when the run has a ``metrics.jsonl``
 
 The metrics also go to the run's experiment trackers (``report_to``, app.run_dir.trackers) at the
 checkpoint's step.
@@ -63,10 +65,12 @@ from raptb.app.evaluation.exact_eval import exact_command
 from raptb.app.evaluation.plots import (
     plot_length_histogram,
     plot_metric_by_length,
+    plot_pass_at_k,
     plot_prefix_diagnostics,
     plot_score_by_length,
     plot_training_curves,
 )
+from raptb.app.evaluation.task_neutral import task_neutral_metrics
 from raptb.app.reward.prefix import PrefixScorer
 from raptb.app.reward.schedule import RewardSchedule
 from raptb.app.run_dir.checkpoint import checkpoint_step
@@ -93,6 +97,7 @@ def _write_plots(
     plot_score_by_length(
         [r["length"] for r in rows], [r["score"] for r in rows], out / "score_by_length.png"
     )
+    plot_pass_at_k(metrics["pass_at_k"], out / "pass_at_k.png")
     for key, title in spec.length_plots:
         plot_metric_by_length(metrics["by_length"], key, out / f"{key}_by_length.png", title=title)
     log = log_path(run_dir)
@@ -190,6 +195,7 @@ def _write_eval(
     """The metrics of ``rows`` (drawn with the ``seed``, ``batch_size`` and ``temperature`` of
     ``drawn``), written with the samples and plots to ``run_dir``/eval."""
     metrics = spec.metrics(task, rows)
+    metrics.update(task_neutral_metrics(task, spec, rows, seed=drawn["seed"]))
     metrics["eval"] = {
         "checkpoint": checkpoint.name,
         "step": checkpoint_step(checkpoint),
@@ -216,6 +222,10 @@ def _print_summary(metrics: dict[str, Any], out: Path, spec: TaskSpec) -> None:
     table.add_column("value", justify="right")
     for key in spec.headline:
         table.add_row(key, _cell(metrics[key]))
+    for k, value in metrics["pass_at_k"].items():
+        table.add_row(f"pass@{k}", "n < k" if value is None else _cell(value))
+    if metrics["vendi"] is not None:
+        table.add_row("vendi", _cell(metrics["vendi"]))
     console = Console()
     console.print(table)
     if spec.length_table:

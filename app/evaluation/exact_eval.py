@@ -4,13 +4,17 @@ For an enumerable task (its registry entry lists its solutions: Expr24) with one
 behaviour probability at temperature 1 of every solution is computed exactly
 (``raptb.adapters.lm.exact``: same legal tokens, grammar and length rules as sampling, stop
 included), then reduced to the exact metrics of ``raptb.core.metrics.exact``:
-accuracy pi(Y*), mass per length, KL(p* || pi|Y*) with p* uniform on Y* (the 0/1 reward), and the
-expected number of distinct solutions at N draws. No sampling is done. When ``eval/metrics.json``
+accuracy pi(Y*), pass@k = 1 - (1 - pi(Y*))^k, mass per length, the distance to p*, uniform on
+Y* (the 0/1 reward): both KLs and the total variation, of pi restricted to Y* and of pi over all
+texts; uniformity over Y*, the active modes holding 50% and 90% of the correct mass, and the
+expected number of distinct solutions at N draws, at the evaluation's N and as a curve over
+N = 64 ... 6,400. No sampling is done. When ``eval/metrics.json``
 from the same checkpoint exists, its sampled estimates are compared with the exact values
 (binomial 95% intervals; a conservative bound for the distinct count).
 
 Output: ``RUN_DIR/eval/exact.json`` (the exact metrics, ``sampled`` when compared, and an
-``eval`` entry with the checkpoint and timings).
+``eval`` entry with the checkpoint and timings) and ``RUN_DIR/eval/exact_diversity.png`` (the
+distinct-solution curve and the correct-mass curve, app.evaluation.plots).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from raptb.app.evaluation.eval_run import (
     checkpoint_policy,
     load_run,
 )
+from raptb.app.evaluation.plots import plot_exact_diversity
 from raptb.app.run_dir.checkpoint import checkpoint_step
 from raptb.app.run_dir.durable import write_atomically
 from raptb.app.run_dir.eval_folder import eval_dir
@@ -43,6 +48,7 @@ from raptb.core.metrics.exact import compare_with_sampled, exact_metrics
 from raptb.core.ports import Task
 
 EXACT_FILE = "exact.json"
+EXACT_PLOT = "exact_diversity.png"
 
 
 def exact_task_metrics(
@@ -134,6 +140,7 @@ def exact_evaluate(run_dir: Path, *, draws: Sequence[int] | None = None) -> dict
     }
     out.mkdir(exist_ok=True)
     write_atomically(out / EXACT_FILE, json.dumps(metrics, indent=2) + "\n")
+    plot_exact_diversity(metrics, out / EXACT_PLOT)
     return metrics
 
 
@@ -157,7 +164,21 @@ def print_exact_summary(metrics: dict[str, Any]) -> None:
     row("acc = pi(Y*)", metrics["acc"], sampled["acc"] if sampled else None)
     for length, mass in metrics["mass_by_length"].items():
         row(f"mass, length {length}", mass, sampled["mass_by_length"][length] if sampled else None)
-    row("KL(p* || pi|Y*)", metrics["kl_target_pi"], None)
+    for name, key in (
+        ("KL(p* || pi|Y*)", "kl_target_pi"),
+        ("KL(pi|Y* || p*)", "kl_pi_target"),
+        ("KL(p* || pi), all texts", "kl_target_pi_all"),
+        ("TV(pi|Y*, p*)", "tv_target_pi"),
+        ("TV(pi, p*), all texts", "tv_target_pi_all"),
+        ("uniformity H(pi|Y*) / log|Y*|", "uniformity"),
+    ):
+        row(name, metrics[key], None)
+    for k, value in metrics["pass_at_k"].items():
+        row(f"pass@{k} = 1 - (1 - acc)^k", value, None)
+    for share, count in metrics["active_modes"].items():
+        table.add_row(
+            f"active modes, {share}% of pi(Y*)", f"{count:,}", *([""] * 3 * bool(sampled))
+        )
     for n, expected in metrics["expected_distinct"].items():
         cells = [f"E distinct, N={n}", f"{expected:.2f}"]
         if sampled:
@@ -178,6 +199,11 @@ def print_exact_summary(metrics: dict[str, Any]) -> None:
         )
     console = Console()
     console.print(table)
+    curve = ", ".join(
+        f"{n}: {metrics['distinct_curve'][n]:.0f} ({metrics['target_distinct_curve'][n]:.0f})"
+        for n in metrics["distinct_curve"]
+    )
+    console.print(f"E distinct at N (target in brackets): {curve}")
     console.print(f"exact evaluation took {metrics['timings']['total_s']:.1f} s")
 
 

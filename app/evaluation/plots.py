@@ -1,4 +1,5 @@
-"""PNG plots written by evaluation: lengths, prefix diagnostics, score by length, training curves.
+"""PNG plots written by evaluation: lengths, prefix diagnostics, score by length, pass@k, training
+curves, and the exact evaluation's distinct-correct and correct-mass curves.
 
 Figures are built on :class:`matplotlib.figure.Figure` directly (Agg canvas) rather than through
 ``pyplot``, so that plotting neither needs a display nor changes the process-wide backend or
@@ -112,6 +113,73 @@ def plot_score_by_length(lengths: Iterable[int], scores: Iterable[float], path: 
     figure = _bars_by_length(
         means, counts, "mean score", "Score by length", "no samples", color="tab:green"
     )
+    return _save(figure, path)
+
+
+def plot_pass_at_k(pass_at_k: Mapping[str, float | None], path: str | Path) -> Path:
+    """pass@k against k (log scale) from metrics.json's ``pass_at_k``; a k without an estimate
+    (fewer than k samples in a prompt) is left out and named in the title."""
+    points = sorted((int(k), v) for k, v in pass_at_k.items() if v is not None)
+    missing = sorted(int(k) for k, v in pass_at_k.items() if v is None)
+    figure = Figure(figsize=(6, 4), layout="constrained")
+    axes = figure.add_subplot()
+    if points:
+        ks, values = zip(*points, strict=True)
+        axes.plot(ks, values, marker="o")
+        axes.set_xscale("log", base=2)
+        axes.set_xticks(ks, [str(k) for k in ks])
+    else:
+        axes.text(0.5, 0.5, "no k with enough samples", ha="center", va="center")
+    axes.set_ylim(0, 1.05)
+    axes.set_xlabel("k")
+    axes.set_ylabel("pass@k (unbiased)")
+    title = "pass@k (mean over prompts)"
+    if missing:
+        title += f"; n < k for k = {', '.join(map(str, missing))}"
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    return _save(figure, path)
+
+
+def plot_exact_diversity(exact: Mapping[str, Any], path: str | Path) -> Path:
+    """Two panels from exact.json: E[distinct correct] at N draws against N, the policy's and
+    the target's (``distinct_curve``, ``target_distinct_curve``); and the share of the correct
+    mass held by the r most probable solutions against r (``correct_mass_curve``), with the
+    target's (r / |Y*|) and the 50% and 90% lines that define the active modes."""
+    figure = Figure(figsize=(11, 4), layout="constrained")
+    left = figure.add_subplot(1, 2, 1)
+    for key, label, style in (
+        ("distinct_curve", "policy", "-"),
+        ("target_distinct_curve", "target (uniform over Y*)", "--"),
+    ):
+        points = sorted((int(n), v) for n, v in exact[key].items())
+        left.plot(*zip(*points, strict=True), style, marker="o", label=label)
+    left.set_xscale("log", base=2)
+    left.set_xlabel("N draws")
+    left.set_ylabel("E[distinct correct]")
+    left.set_title("Expected distinct solutions at N")
+    left.grid(True, which="both", alpha=0.3)
+    left.legend(fontsize=8)
+    right = figure.add_subplot(1, 2, 2)
+    curve = sorted((int(r), v) for r, v in exact["correct_mass_curve"].items())
+    if curve:
+        ranks = np.array([r for r, _ in curve], dtype=np.float64)
+        right.plot(ranks, [v for _, v in curve], marker="o", label="policy")
+        right.plot(ranks, ranks / exact["n_solutions"], "--", label="target")
+        modes = exact["active_modes"]
+        for share, color in (("50", "tab:gray"), ("90", "tab:red")):
+            right.axhline(int(share) / 100, color=color, lw=0.8, ls=":")
+            right.axvline(
+                modes[share], color=color, lw=0.8, ls=":", label=f"{share}%: {modes[share]:,}"
+            )
+        right.set_xscale("log", base=2)
+        right.legend(fontsize=8)
+    else:
+        right.text(0.5, 0.5, "no correct mass", ha="center", va="center")
+    right.set_xlabel("r most probable solutions")
+    right.set_ylabel("share of the correct mass")
+    right.set_title(f"Active modes (uniformity {exact['uniformity']:.3f})")
+    right.grid(True, which="both", alpha=0.3)
     return _save(figure, path)
 
 

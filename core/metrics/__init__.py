@@ -21,6 +21,10 @@ Modules, one concept each (their docstrings hold the formulas):
 - ``coverage``: coverage of an enumerated solution set Y* (Expr24's).
 - ``divergence``: position-wise token marginals and stabilised KL / JS.
 - ``diversity``: FPDiv and MacroFP on a pairwise similarity.
+- ``vendi``: the Vendi score, an effective number of distinct items under a similarity kernel.
+- ``pass_at_k``: the unbiased pass@k estimator, per prompt and averaged.
+- ``exact``: closed forms over an enumerated Y* from exact log-probabilities (Acc, distances to
+  the target, uniformity, active modes, expected distinct at N).
 - ``statistics``: the Student-t confidence interval across seeds.
 - ``reports``: the task-neutral report (``sequence_metrics``, and ``sequence_report``, the keys
   every task's report shares). A task's own report lives with the task (its ``metrics``
@@ -44,6 +48,12 @@ from raptb.core.metrics.diversity import (
     fp_div,
     macro_fp_div,
 )
+from raptb.core.metrics.pass_at_k import (
+    DEFAULT_PASS_K,
+    mean_pass_at_k,
+    pass_at_k,
+    pass_at_k_report,
+)
 from raptb.core.metrics.prefix import PrefixDiagnostics, prefix_diagnostics
 from raptb.core.metrics.reports import require_fields, sequence_metrics, sequence_report
 from raptb.core.metrics.sequence import (
@@ -62,9 +72,17 @@ from raptb.core.metrics.sequence import (
     unique_rate,
 )
 from raptb.core.metrics.statistics import ConfidenceInterval, mean_ci, student_t_quantile
+from raptb.core.metrics.vendi import (
+    DEFAULT_VENDI_DISTINCT,
+    VendiEstimate,
+    sample_vendi,
+    vendi_score,
+)
 
 __all__ = [
     "DEFAULT_FP_BINS",
+    "DEFAULT_PASS_K",
+    "DEFAULT_VENDI_DISTINCT",
     "DIVERGENCE_EPS",
     "ENTROPY_EPS",
     "ConfidenceInterval",
@@ -73,6 +91,7 @@ __all__ = [
     "PairwiseSimilarity",
     "PrefixDiagnostics",
     "TokenSequence",
+    "VendiEstimate",
     "accuracy",
     "coverage",
     "entropy_by_length",
@@ -86,11 +105,15 @@ __all__ = [
     "mean_ci",
     "mean_length",
     "mean_log_pterm",
+    "mean_pass_at_k",
     "mean_score",
+    "pass_at_k",
+    "pass_at_k_report",
     "prefix_diagnostics",
     "ragged_token_entropy",
     "require_fields",
     "safe_div",
+    "sample_vendi",
     "sequence_metrics",
     "sequence_report",
     "stabilised_js",
@@ -100,4 +123,5 @@ __all__ = [
     "token_marginals",
     "unique_count",
     "unique_rate",
+    "vendi_score",
 ]

@@ -138,7 +138,10 @@ class SubmodularBuffer(ReplayBuffer):
             "diversity": self.diversity,
         }
 
-    def _backend(self) -> object:
+    def similarity_backend(self) -> object:
+        """The kernel of the facility-location term: the given ``Similarity`` object, or the
+        named backend built from ``similarity``, ``shingle_k`` and ``shingle_on`` (evaluation's
+        Vendi score scores samples with it too)."""
         if not isinstance(self.similarity, str):
             return self.similarity
         if self.similarity == "tanimoto":
@@ -184,7 +187,7 @@ class SubmodularBuffer(ReplayBuffer):
         cand = list(ground.values())
         self.last_refresh_size = len(cand)
         n_words = max((it.features.size for it in cand if it.features is not None), default=32)
-        cache = self._caches.setdefault(prompt, SimilarityCache(self._backend()))
+        cache = self._caches.setdefault(prompt, SimilarityCache(self.similarity_backend()))
         # Same key means same features (text, canonical molecule); tokens disambiguate when
         # shingling tokens, where equal texts may come from different token sequences.
         keys = [(it.key, it.tokens) for it in cand]

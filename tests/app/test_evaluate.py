@@ -9,12 +9,14 @@ a teacher-forced rescoring of the samples under each checkpoint's model.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -28,13 +30,14 @@ from raptb.app.evaluation.eval_run import EvalError
 from raptb.app.evaluation.evaluate import evaluate
 from raptb.app.run_dir.run_config import save_config
 from raptb.app.runtime import build_policy, pad_rows
+from tests.core.test_vendi import authors_score_k, set_jaccard
 
 torch.set_num_threads(1)
 
 N = 64
 SENTENCE = re.compile(r"[1-9]([-+*/][1-9])*")
 LATEST, OLDER = "step-000010", "step-000002"
-PLOTS = ("length_histogram.png", "prefix_diagnostics.png", "score_by_length.png")
+PLOTS = ("length_histogram.png", "prefix_diagnostics.png", "score_by_length.png", "pass_at_k.png")
 REWARD_SCALE = 7.0
 
 
@@ -126,7 +129,21 @@ def test_samples_respect_grammar_lengths_and_scores(evaluated: Path) -> None:
 def test_metrics_equal_recomputation_from_samples(evaluated: Path) -> None:
     metrics = read_metrics(evaluated)
     meta = metrics.pop("eval")
-    assert metrics == expr24_metrics(read_samples(evaluated), enumerate_solutions())
+    rows = read_samples(evaluated)
+    # every task's pass@k and Vendi score: the binomial ratio in integers, and the Vendi score of
+    # the full kernel of the correct samples (Jaccard of character 2-gram Python sets, Expr24's
+    # SubM kernel), each duplicate its own row
+    n, c = len(rows), sum(r["correct"] for r in rows)
+    assert metrics.pop("pass_at_k") == pytest.approx(
+        {str(k): 1 - math.comb(n - c, k) / math.comb(n, k) for k in (1, 8, 64)} | {"256": None}
+    )
+    texts = [r["text"] for r in rows if r["correct"]]
+    kernel = np.array([[set_jaccard(a, b) for b in texts] for a in texts]).reshape(c, c)
+    assert metrics.pop("vendi") == pytest.approx(authors_score_k(kernel) if c else 0.0)
+    info = metrics.pop("vendi_info")
+    assert (info["samples"], info["distinct"], info["subsampled"]) == (c, len(set(texts)), False)
+    assert info["kernel"] == "jaccard, 2-grams of the text"
+    assert metrics == expr24_metrics(rows, enumerate_solutions())
     assert meta == {
         "checkpoint": LATEST,
         "step": 10,

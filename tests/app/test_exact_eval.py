@@ -56,6 +56,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         expected = 75_445 * (1 - (1 - 1 / 75_445) ** N)
         assert f"E distinct, N={N}, sampling p*" in result.output
         assert f"{expected:.2f}" in result.output
+        for line in ("TV(pi, p*), all texts", "uniformity", "active modes, 90%", "E distinct at N"):
+            assert line in result.output
         yield run
 
 
@@ -76,6 +78,35 @@ def test_exact_json_matches_direct_computation(run: Path) -> None:
     )
     assert exact["eval"]["checkpoint"] == CHECKPOINT and exact["eval"]["step"] == 4
     assert exact["timings"]["total_s"] > 0
+    # the distances, uniformity and modes from the direct log-probs by plain numpy formulas
+    pi = np.exp(direct)
+    q, p = pi / pi.sum(), np.full(pi.size, 1 / pi.size)
+    assert exact["tv_target_pi"] == pytest.approx(0.5 * np.abs(q - p).sum(), rel=1e-6)
+    tv_all = 0.5 * (np.abs(pi - p).sum() + 1 - pi.sum())
+    assert exact["tv_target_pi_all"] == pytest.approx(tv_all, rel=1e-6)
+    positive = q > 0
+    entropy = -np.sum(q[positive] * np.log(q[positive]))
+    assert exact["kl_pi_target"] == pytest.approx(math.log(pi.size) - entropy, rel=1e-6)
+    assert exact["uniformity"] == pytest.approx(entropy / math.log(pi.size), rel=1e-6)
+    assert exact["kl_target_pi_all"] == pytest.approx(np.mean(np.log(p / pi)), rel=1e-6)
+    acc = pi.sum()
+    assert exact["pass_at_k"]["64"] == pytest.approx(1 - (1 - acc) ** 64, rel=1e-6)
+    ranked = np.cumsum(np.sort(q)[::-1])
+    for share in (50, 90):
+        assert exact["active_modes"][str(share)] == int(np.argmax(ranked >= share / 100)) + 1
+    curve = {str(n): float(np.sum(1 - (1 - pi) ** n)) for n in (64, 128, 256, 4096, 6400)}
+    assert {n: exact["distinct_curve"][n] for n in curve} == pytest.approx(curve, rel=1e-6)
+    assert list(exact["distinct_curve"]) == [
+        "64",
+        "128",
+        "256",
+        "512",
+        "1024",
+        "2048",
+        "4096",
+        "6400",
+    ]
+    assert (run / "eval" / "exact_diversity.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_compares_with_the_sampled_evaluation_of_the_same_checkpoint(run: Path) -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from raptb.app.evaluation import plots
 from raptb.app.run_dir.run_log import read_log
+from raptb.core.metrics import exact as em
 from raptb.core.metrics import prefix_diagnostics
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -57,3 +59,20 @@ def test_training_curves_tolerate_missing_keys_and_bad_lines(tmp_path: Path) -> 
     assert_png(plots.plot_training_curves(log, target), target)
     only_loss = tmp_path / "only_loss.png"
     assert_png(plots.plot_training_curves([{"step": 0, "loss": 1.0}], only_loss), only_loss)
+
+
+def test_pass_at_k_with_a_missing_k(tmp_path: Path) -> None:
+    target = tmp_path / "pass.png"
+    curve = {"1": 0.2, "8": 0.7, "64": 0.99, "256": None}
+    assert_png(plots.plot_pass_at_k(curve, target), target)
+    nothing = tmp_path / "nothing.png"
+    assert_png(plots.plot_pass_at_k({"1": None}, nothing), nothing)
+
+
+def test_exact_diversity_with_and_without_correct_mass(tmp_path: Path) -> None:
+    exact = em.exact_metrics(np.log([0.1, 0.2, 0.3]), np.log([0.1, 0.2, 0.3]), [3, 5, 5], draws=[4])
+    target = tmp_path / "exact.png"
+    assert_png(plots.plot_exact_diversity(exact, target), target)
+    none = em.exact_metrics(np.full(3, -np.inf), np.full(3, -np.inf), [3, 5, 5], draws=[4])
+    empty = tmp_path / "empty.png"
+    assert_png(plots.plot_exact_diversity(none, empty), empty)

@@ -124,6 +124,8 @@ def test_binomial_interval_hand_computed() -> None:
     # 50% interval: 25% reached at k = 1, 75% at k = 3
     assert em.binomial_interval(0.5, 4, 0.5) == (0.25, 0.75)
     assert em.binomial_interval(0.0, 10) == (0.0, 0.0)
+    # Binomial(1, 1/4): the CDF is 3/4 at k = 0, exactly the 75% level of a 50% interval
+    assert em.binomial_interval(0.25, 1, 0.5) == (0.0, 0.0)
     with pytest.raises(ValueError, match="p:"):
         em.binomial_interval(1.5, 10)
 
@@ -148,3 +150,101 @@ def test_rejects_bad_input() -> None:
         em.solution_mass([0.5])
     with pytest.raises(ValueError, match="lengths"):
         em.mass_by_length(LOG_PI, [1, 2])
+
+
+def test_distances_to_the_target_hand_computed() -> None:
+    # pi on Y* = (0.1, 0.2, 0.3), mass 0.4 off Y*; p* = 1/3 each; pi|Y* = (1/6, 1/3, 1/2)
+    third = 1 / 3
+    assert em.total_variation(np.zeros(3), LOG_PI) == pytest.approx(0.5 * (1 / 6 + 0 + 1 / 6))
+    # 1/2 (|0.1 - 1/3| + |0.2 - 1/3| + |0.3 - 1/3| + 0.4) = 1/2 (0.4 + 0.4)
+    assert em.total_variation_all(np.zeros(3), LOG_PI) == pytest.approx(0.4)
+    reverse = (1 / 6) * math.log(0.5) + third * 0.0 + 0.5 * math.log(1.5)
+    assert em.reverse_conditional_kl(np.zeros(3), LOG_PI) == pytest.approx(reverse)
+    # KL(p* || pi) = sum 1/3 log((1/3) / pi(x)); equals the conditional KL - log 0.6
+    total = third * sum(math.log(third / p) for p in PI)
+    assert em.target_kl_all(np.zeros(3), LOG_PI) == pytest.approx(total)
+    assert total == pytest.approx(em.conditional_kl(np.zeros(3), LOG_PI) - math.log(0.6))
+    # H(pi|Y*) = -(1/6 log 1/6 + 1/3 log 1/3 + 1/2 log 1/2), over log 3
+    entropy = -sum(q * math.log(q) for q in (1 / 6, third, 0.5))
+    assert em.uniformity(LOG_PI) == pytest.approx(entropy / math.log(3))
+    # shares 1/2, 5/6, 1 from the most probable down: 1 mode for 50%, 3 for 90%
+    assert em.active_modes(LOG_PI, 0.5) == 1 and em.active_modes(LOG_PI, 0.9) == 3
+    assert em.correct_mass_curve(LOG_PI) == pytest.approx({1: 0.5, 2: 5 / 6, 3: 1.0})
+    # pass@k = 1 - 0.4^k; pi(Y*) = 1 - 1e-15: 1 - (1e-15)^2 = 1 in float64 without 0.999...
+    assert em.exact_pass_at_k(LOG_PI, 3) == pytest.approx(1 - 0.4**3)
+    assert em.exact_pass_at_k([math.log1p(-1e-15)], 2) == 1.0
+    assert em.exact_pass_at_k([math.log(1e-20)], 64) == pytest.approx(64e-20, rel=1e-9)
+    out = em.exact_metrics(LOG_PI, LOG_PI, [3, 5, 5], draws=[2], curve=[1, 2])
+    assert out["pass_at_k"] == pytest.approx({str(k): 1 - 0.4**k for k in (1, 8, 64, 256)})
+    assert out["tv_target_pi_all"] == pytest.approx(0.4)
+    assert out["kl_pi_target"] == pytest.approx(reverse)
+    assert out["kl_target_pi_all"] == pytest.approx(total)
+    assert out["active_modes"] == {"50": 1, "90": 3}
+    assert out["distinct_curve"] == pytest.approx({"1": 0.6, "2": 1.06})
+    assert out["target_distinct_curve"] == pytest.approx({"1": 1.0, "2": 5 / 3})
+
+
+def test_uniform_and_degenerate_policies() -> None:
+    # uniform over 4 solutions with mass 0.8: shape exactly the target's
+    log_pi = np.log(np.full(4, 0.2))
+    assert em.total_variation(np.zeros(4), log_pi) == pytest.approx(0.0, abs=1e-15)
+    assert em.total_variation_all(np.zeros(4), log_pi) == pytest.approx(0.2)
+    assert em.reverse_conditional_kl(np.zeros(4), log_pi) == pytest.approx(0.0, abs=1e-15)
+    assert em.uniformity(log_pi) == pytest.approx(1.0)
+    assert em.active_modes(log_pi, 0.5) == 2  # exactly half at 2: rounding must not make it 3
+    assert em.active_modes(log_pi, 0.9) == 4
+    # ten solutions of 1/10: the cumulative sum reaches 0.5 and 0.9 only up to rounding
+    tenths = np.log(np.full(10, 0.1))
+    assert (em.active_modes(tenths, 0.5), em.active_modes(tenths, 0.9)) == (5, 9)
+    # all the correct mass on one of 4 solutions, one never emitted
+    point = np.array([0.0, -np.inf, -np.inf, -np.inf])
+    assert em.uniformity(point) == pytest.approx(0.0)
+    assert em.active_modes(point, 0.9) == 1
+    assert em.reverse_conditional_kl(np.zeros(4), point) == pytest.approx(math.log(4))
+    assert em.target_kl_all(np.zeros(4), point) == math.inf
+    assert em.total_variation(np.zeros(4), point) == pytest.approx(0.75)
+    assert em.uniformity([math.log(0.3)]) == 1.0  # |Y*| = 1
+    # no correct mass at all
+    nothing = np.full(3, -np.inf)
+    assert math.isnan(em.uniformity(nothing)) and em.active_modes(nothing, 0.5) == 0
+    assert math.isnan(em.reverse_conditional_kl(np.zeros(3), nothing))
+    assert math.isnan(em.total_variation(np.zeros(3), nothing))
+    assert em.target_kl_all(np.zeros(3), nothing) == math.inf
+    assert em.total_variation_all(np.zeros(3), nothing) == pytest.approx(1.0)
+    assert em.correct_mass_curve(nothing) == {}
+    with pytest.raises(ValueError, match="share"):
+        em.active_modes(LOG_PI, 0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(probabilities, st.lists(st.floats(min_value=-5, max_value=5), min_size=8, max_size=8))
+def test_distances_match_direct_loops(pi, weights) -> None:
+    target = np.asarray(weights[: len(pi)])
+    p = [math.exp(w) / sum(math.exp(v) for v in target) for w in target]
+    mass = sum(pi)
+    q = [x / mass for x in pi]
+    tv = 0.5 * sum(abs(a - b) for a, b in zip(q, p, strict=True))
+    tv_all = 0.5 * (sum(abs(a - b) for a, b in zip(pi, p, strict=True)) + (1 - mass))
+    rev = sum(a * math.log(a / b) for a, b in zip(q, p, strict=True) if a > 0)
+    kl_all = sum(b * math.log(b / a) for a, b in zip(pi, p, strict=True) if b > 0)
+    assert em.total_variation(target, np.log(pi)) == pytest.approx(tv, abs=1e-12)
+    assert em.total_variation_all(target, np.log(pi)) == pytest.approx(tv_all, abs=1e-12)
+    assert em.reverse_conditional_kl(target, np.log(pi)) == pytest.approx(rev, rel=1e-9, abs=1e-12)
+    assert em.target_kl_all(target, np.log(pi)) == pytest.approx(kl_all, rel=1e-9, abs=1e-12)
+    entropy = -sum(a * math.log(a) for a in q if a > 0)
+    expected = 1.0 if len(q) == 1 else entropy / math.log(len(q))
+    assert em.uniformity(np.log(pi)) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(probabilities, st.sampled_from([0.1, 0.5, 0.9, 1.0]))
+def test_active_modes_is_the_smallest_subset_holding_the_share(pi, share) -> None:
+    # brute force over every subset of the (at most 8) solutions
+    mass = sum(pi)
+    smallest = min(
+        size
+        for size in range(1, len(pi) + 1)
+        for subset in itertools.combinations(pi, size)
+        if sum(subset) >= share * mass - 1e-12 * mass
+    )
+    assert em.active_modes(np.log(pi), share) == smallest
