@@ -7,6 +7,11 @@ The stable names are re-exported here and imported on first use (PEP 562), so th
 
 ``Trainer(config, run_dir)`` trains any ``loss`` (the GFlowNet objectives, grpo, ppo, a
 plug-in's); ``make_trainer`` and ``RLTrainer`` are deprecated names for it, which warn.
+
+A plug-in writes against the names exported here: ``Objective`` and ``register_objective`` (a
+GFlowNet objective), ``RLObjective``, ``Loss`` and ``Algorithm`` (an RL loss and the shape of its
+training algorithm), ``ReplayBuffer`` and ``register_buffer`` (a replay buffer), ``TaskSpec`` and
+``register_task`` (a task).
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ _EXPORTS = {
     "subm_select": "raptb.core.subm.select",
     "make_buffer": "raptb.core.replay",
     "register_buffer": "raptb.core.replay",
+    "ReplayBuffer": "raptb.core.replay",
+    "RLObjective": "raptb.core.rl.base",
     "ReplayItem": "raptb.core.replay",
     "Score": "raptb.core.ports",
     "Task": "raptb.core.ports",
@@ -47,6 +54,8 @@ _EXPORTS = {
     "TrainConfig": "raptb.app.configuration.config",
     "build_config": "raptb.app.configuration.config",
     "Trainer": "raptb.app.training.train",
+    "Loss": "raptb.app.configuration.losses",
+    "Algorithm": "raptb.app.training.algorithm",
     "RLTrainer": "raptb.app.training.trainers",
     "make_trainer": "raptb.app.training.trainers",
     "evaluate": "raptb.app.evaluation.evaluate",

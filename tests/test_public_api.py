@@ -36,6 +36,16 @@ def test_stable_names_are_the_modules_own():
         raptb.nope  # noqa: B018
 
 
+def test_the_plug_in_api_is_exported():
+    from raptb.app.configuration.losses import Loss
+    from raptb.app.training.algorithm import Algorithm
+    from raptb.core.replay import ReplayBuffer, register_buffer
+    from raptb.core.rl.base import RLObjective
+
+    assert (raptb.Loss, raptb.Algorithm, raptb.RLObjective) == (Loss, Algorithm, RLObjective)
+    assert (raptb.ReplayBuffer, raptb.register_buffer) == (ReplayBuffer, register_buffer)
+
+
 def test_core_names_load_no_framework():
     code = (
         "import sys\n"

@@ -83,6 +83,24 @@ class GFlowNetTrainer(GRPOTrainer):
         signature, called on (prompt, prefix) pairs); None: u_k = 0 before the stop.
     replay_similarity: SubM's similarity of two lists of completion texts; None: Jaccard on
         ``args.subm_shingles`` shingles.
+
+    Example (``MODEL`` a Hugging Face model name or folder; tests/test_docstring_examples.py
+    runs it on a tiny local model)::
+
+        from datasets import Dataset
+        from raptb.integrations.trl import GFlowNetConfig, GFlowNetTrainer
+
+        def a_share(completions, **kwargs):  # TRL's reward-function signature
+            return [c.count("a") / max(len(c), 1) for c in completions]
+
+        args = GFlowNetConfig(output_dir="out", loss="raptb", replay="subm", max_steps=2,
+                              per_device_train_batch_size=4, num_generations=4,
+                              max_completion_length=16, report_to=[],
+                              use_cpu=True)  # on a laptop; leave it out on a GPU
+        prompts = Dataset.from_dict({"prompt": ["Say a word:", "Another:"] * 4})
+        trainer = GFlowNetTrainer(model=MODEL, reward_funcs=a_share, args=args,
+                                  train_dataset=prompts)
+        trainer.train()
     """
 
     _tag_names: ClassVar[list[str]] = ["trl", "raptb", "gflownet"]
