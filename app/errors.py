@@ -21,7 +21,6 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.markup import escape
 
-from raptb.adapters.tasks.plugins import PluginError
 from raptb.app.configuration.config import ConfigError
 from raptb.app.distribution.distributed import PeerFailure
 from raptb.app.distribution.launch import hand_to_launcher
@@ -30,6 +29,7 @@ from raptb.app.run_dir.checkpoint import CheckpointError
 from raptb.app.run_dir.resume import RunMismatch
 from raptb.app.run_dir.run_lock import RunLocked
 from raptb.app.training.train import TrainingError
+from raptb.core.plugins import PluginError
 
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "RAPTB_DEBUG"

@@ -7,7 +7,7 @@ metrics and plots, ``raptb enumerate``). :func:`register_task` adds a spec by ha
 task, a script's).
 
 The tasks are loaded lazily, on the first lookup, from the ``raptb.tasks`` entry points
-(adapters.tasks.plugins): raptb's own, which declare the built-in tasks (its ``setup.py`` names
+(core.plugins): raptb's own, which declare the built-in tasks (its ``setup.py`` names
 each ``adapters/tasks/<name>/spec.py:SPEC``), then those of installed packages. A built-in task
 is declared exactly as a plug-in's is; importing a spec module registers nothing.
 """
@@ -21,10 +21,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from raptb.adapters.tasks.plugins import TASK_GROUP, check_named, is_builtin, load_group_once
+from raptb.core.plugins import check_named, is_builtin, load_group_once
 from raptb.core.ports import Score, Task
 from raptb.core.registry import Registry
 from raptb.core.replay import replay_kwargs
+
+TASK_GROUP = "raptb.tasks"
 
 
 class TaskOptions(BaseModel):
@@ -125,7 +127,7 @@ def _load_tasks() -> None:
 
 
 def _register_entry_point(point: EntryPoint, spec: Any) -> None:
-    """Register the TaskSpec an entry point of ``raptb.tasks`` names (adapters.tasks.plugins)."""
+    """Register the TaskSpec an entry point of ``raptb.tasks`` names (core.plugins)."""
     check_named(point, spec, TaskSpec, "TaskSpec")
     register_task(spec)
     if is_builtin(point):

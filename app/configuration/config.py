@@ -66,7 +66,7 @@ class TrainConfig(Section):
     loss: str = Field(
         DEFAULT_LOSS,
         description="Objective: tb, subtb, raptb, avg_prefix_tb, root_subtb_logz, vargrad (or "
-        "a plug-in's, adapters.tasks.plugins); or the RL baselines grpo, ppo ([rl] section).",
+        "a plug-in's, core.plugins); or the RL baselines grpo, ppo ([rl] section).",
     )
     model: str = Field(
         "tiny",
@@ -109,7 +109,8 @@ class TrainConfig(Section):
     objective: ObjectiveConfig = Field(ObjectiveConfig(), description="Objective.")
     optim: OptimConfig = Field(OptimConfig(), description="Optimizer.")
     sampling: SamplingConfig = Field(SamplingConfig(), description="Sampling.")
-    replay: ReplayConfig = Field(ReplayConfig(), description="Replay.")
+    # a factory: building the default at import would read the buffers' plug-ins (core.plugins)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig, description="Replay.")
     reward: RewardConfig = Field(RewardConfig(), description="Reward.")
     lora: LoraConfig = Field(LoraConfig(), description="LoRA.")
     rl: RLConfig = Field(RLConfig(), description="RL baselines (PPO, GRPO).")

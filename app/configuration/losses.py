@@ -11,7 +11,7 @@ Entries come from three places, read once per process on the first lookup:
 
 - the built-in losses: every GFlowNet objective of ``core.gfn.objectives`` with the GFlowNet
   algorithm, then GRPO and PPO with theirs;
-- the ``raptb.objectives`` entry points (adapters.tasks.plugins): a GFlowNet objective class,
+- the ``raptb.objectives`` entry points (core.plugins loads them): a GFlowNet objective class,
   trained by the GFlowNet algorithm;
 - the ``raptb.losses`` entry points: a :class:`Loss`, e.g. an RL loss with its own algorithm::
 
@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint
 from typing import Any, Literal
 
-from raptb.adapters.tasks.plugins import check_named, load_group_once, load_objective_plugins
 from raptb.app.configuration.rl import PPO_TEMPERATURE
-from raptb.core.gfn.objectives import OBJECTIVES, Objective
+from raptb.core.gfn.objectives import OBJECTIVES, Objective, register_objective
+from raptb.core.plugins import check_named, load_group_once
 from raptb.core.registry import Registry
 from raptb.core.replay import NO_REPLAY
 from raptb.core.rl.base import RLObjective
@@ -38,6 +38,7 @@ from raptb.core.rl.grpo import GRPO
 from raptb.core.rl.ppo import PPO
 
 LOSS_GROUP = "raptb.losses"
+OBJECTIVE_GROUP = "raptb.objectives"
 GFLOWNET_ALGORITHM = "raptb.app.training.algorithms.gflownet:GFlowNetAlgorithm"
 ON_POLICY: dict[str, Any] = {"replay": {"kind": NO_REPLAY}}
 """What an RL loss sets under the file and the flags (an explicit replay other than none is an
@@ -109,6 +110,23 @@ _RL_BASELINES = (
         presets={**ON_POLICY, "rl": {"temperature": PPO_TEMPERATURE}},
     ),
 )
+
+
+def _register_objective(point: EntryPoint, cls: Any) -> None:
+    if not (isinstance(cls, type) and issubclass(cls, Objective)):
+        raise ValueError("must name a subclass of raptb.core.gfn.objectives.Objective")
+    if getattr(cls, "name", None) != point.name:
+        raise ValueError(
+            f"the class's name {getattr(cls, 'name', None)!r} differs from the entry point's"
+        )
+    if point.name in {loss.name for loss in _RL_BASELINES}:
+        raise ValueError(f"{point.name!r} is an RL loss's name")
+    register_objective(cls)
+
+
+def load_objective_plugins() -> None:
+    """Register the objectives of the ``raptb.objectives`` entry points (once per process)."""
+    load_group_once(OBJECTIVE_GROUP, _register_objective)
 
 
 def _load() -> None:

@@ -2,16 +2,19 @@
 
 A buffer kind is a :class:`ReplayBuffer` subclass with a class-level ``kind`` (the ``[replay]
 kind`` value) and a ``config_kwargs`` classmethod (which ``[replay]`` options it reads);
-:func:`register_buffer` adds one, and ``BUFFERS`` is what configuration validation,
-``make_buffer`` and the run's buffer read.
+:func:`register_buffer` adds one, an installed package's ``raptb.buffers`` entry point adds one
+when the registry is first read (core.plugins), and ``BUFFERS`` is what configuration
+validation, ``make_buffer`` and the run's buffer read.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
+from importlib.metadata import EntryPoint
 from typing import Any
 
+from raptb.core.plugins import load_group_once
 from raptb.core.registry import Registry
 from raptb.core.replay.base import ReplayBuffer
 from raptb.core.replay.options import buffer_kwargs
@@ -20,13 +23,34 @@ from raptb.core.replay.prt import PrioritizedReplayTraining
 from raptb.core.replay.rp import RewardPrioritizedBuffer
 from raptb.core.replay.subm import SubmodularBuffer
 
+BUFFER_GROUP = "raptb.buffers"
+"""The entry-point group of replay buffers from installed packages (core.plugins)."""
+
+
+def _register_buffer_plugin(point: EntryPoint, cls: Any) -> None:
+    if not (isinstance(cls, type) and issubclass(cls, ReplayBuffer)):
+        raise ValueError("must name a subclass of raptb.ReplayBuffer")
+    if getattr(cls, "kind", None) != point.name:
+        raise ValueError(
+            f"the class's kind {getattr(cls, 'kind', None)!r} differs from the entry point's"
+        )
+    BUFFERS.register(cls)
+
+
+def _load_buffer_plugins() -> None:
+    load_group_once(BUFFER_GROUP, _register_buffer_plugin)
+
+
+_SHIPPED = (RewardPrioritizedBuffer, PrioritizedReplayTraining, SubmodularBuffer, OracleBuffer)
 BUFFERS: Registry[type[ReplayBuffer]] = Registry(
     "replay kind",
     lambda cls: getattr(cls, "kind", None),
-    (RewardPrioritizedBuffer, PrioritizedReplayTraining, SubmodularBuffer, OracleBuffer),
+    _SHIPPED,
     reserved=("none",),
+    load=_load_buffer_plugins,
 )
-BUFFER_KINDS = tuple(BUFFERS)
+# not read from BUFFERS: that would load the plug-ins while raptb is still being imported
+BUFFER_KINDS = tuple(cls.kind for cls in _SHIPPED)
 """The shipped kinds, in the order the docs list them."""
 NO_REPLAY = "none"
 """The ``[replay] kind`` of a run without a buffer."""
@@ -53,10 +77,13 @@ def option_default(kind: str, option: str) -> Any:
     the constructor keyword it sets, or the list of them for an option that sets several
     (``subm_weights``). The one source of the buffers' defaults: ``[replay]`` and the TRL config
     read theirs here."""
-    declared = {o.name: o for o in buffer_class(kind).options}
+    # a shipped kind is found without reading the plug-ins (the config classes call this while
+    # raptb is still being imported)
+    cls = {shipped.kind: shipped for shipped in _SHIPPED}.get(kind) or buffer_class(kind)
+    declared = {o.name: o for o in cls.options}
     if option not in declared:
         raise ValueError(f"replay {kind!r} has no option {option!r}")
-    parameters = inspect.signature(buffer_class(kind).__init__).parameters
+    parameters = inspect.signature(cls.__init__).parameters
     defaults = [parameters[argument].default for argument in declared[option].arguments]
     return defaults[0] if len(defaults) == 1 else defaults
 

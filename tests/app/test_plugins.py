@@ -1,6 +1,6 @@
-"""Plug-ins from outside the tree: a throwaway package declares a task and an objective through
-the ``raptb.tasks`` and ``raptb.objectives`` entry points, and ``raptb train``, ``raptb eval``
-and ``raptb study`` use them with no file of raptb changed.
+"""Plug-ins from outside the tree: a throwaway package declares a task, an objective and a replay
+buffer through the ``raptb.tasks``, ``raptb.objectives`` and ``raptb.buffers`` entry points, and
+``raptb train``, ``raptb eval`` and ``raptb study`` use them with no file of raptb changed.
 
 The package is a module plus a ``.dist-info`` folder (METADATA and entry_points.txt) in a
 temporary directory put on PYTHONPATH, which is how importlib.metadata finds any installed
@@ -25,6 +25,13 @@ from raptb.adapters.tasks.registry import TaskSpec
 from raptb.core.metrics import sequence_metrics
 from raptb.core.gfn.objectives import TB
 from raptb.core.ports import Score
+from raptb.core.replay import RewardPrioritizedBuffer
+
+
+class Newest(RewardPrioritizedBuffer):
+    """RP under another kind: a plug-in buffer, taking RP's options ([replay] capacity, ...)."""
+
+    kind = "newest"
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,9 @@ CLASH = replace(SPEC, name="expr24")  # a built-in task's name
 '''
 ENTRY_POINTS = """[raptb.objectives]
 half_tb = raptb_plugin_demo:HalfTB
+
+[raptb.buffers]
+newest = raptb_plugin_demo:Newest
 
 [raptb.tasks]
 as_task = raptb_plugin_demo:SPEC
@@ -120,13 +130,18 @@ def test_a_package_adds_a_task_and_an_objective_to_train_eval_and_study(tmp_path
     site = tmp_path / "site"
     site.mkdir()
     install(site, ENTRY_POINTS)
-    common = ["--task", "as_task", "--replay", "rp", *FAST, "--no-progress"]
-    for loss in ("half_tb", "tb"):
-        done = raptb(site, tmp_path, "train", "--loss", loss, *common, "--out", loss)
+    common = ["--task", "as_task", *FAST, "--no-progress"]
+    # the plug-in's buffer, at most 3 items per prompt, for the plug-in's loss
+    plugged = ["--replay", "newest", "--replay.capacity", "3"]
+    for loss, replay in (("half_tb", plugged), ("tb", ["--replay", "rp"])):
+        done = raptb(site, tmp_path, "train", "--loss", loss, *common, *replay, "--out", loss)
         assert done.returncode == 0, done.stderr
     # the plug-in's objective ran: the first step (same weights, same rows) logs half TB's loss
     assert losses(tmp_path / "half_tb")[0] == pytest.approx(losses(tmp_path / "tb")[0] / 2)
-    assert 'loss = "half_tb"' in (tmp_path / "half_tb" / "config.toml").read_text()
+    config = (tmp_path / "half_tb" / "config.toml").read_text()
+    assert 'loss = "half_tb"' in config and 'kind = "newest"' in config
+    records = [json.loads(line) for line in (tmp_path / "half_tb" / "metrics.jsonl").open()]
+    assert 0 < records[-1]["buffer_size"] <= 3  # the plug-in's buffer, with its capacity
 
     done = raptb(site, tmp_path, "eval", "half_tb", "--json")
     assert done.returncode == 0, done.stderr
@@ -149,6 +164,8 @@ def test_a_package_adds_a_task_and_an_objective_to_train_eval_and_study(tmp_path
         ("[raptb.tasks]\nexpr24 = raptb_plugin_demo:CLASH\n", "CLASH): task 'expr24' is already"),
         ("[raptb.objectives]\nhalf_tb = raptb_plugin_demo:SPEC\n", "must name a subclass"),
         ("[raptb.objectives]\ngrpo = raptb_plugin_demo:HalfTB\n", "differs from the entry"),
+        ("[raptb.buffers]\nnewest = raptb_plugin_demo:SPEC\n", "must name a subclass of raptb.Re"),
+        ("[raptb.buffers]\nlatest = raptb_plugin_demo:Newest\n", "kind 'newest' differs from"),
     ],
 )
 def test_a_broken_plug_in_is_one_line_naming_it_and_exit_2(tmp_path, entry_points, message):

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from raptb.adapters.tasks.plugins import PluginError, load_group
 from raptb.adapters.tasks.registry import builtin_task_names, register_task, task_names, task_spec
 from raptb.app.cli import app
 from raptb.app.configuration.config import ConfigError, build_config
 from raptb.app.evaluation.evaluate import evaluate
 from raptb.app.training.train import Trainer
+from raptb.core.plugins import PluginError, load_group
 from raptb.core.ports import Score
 from raptb.core.replay import replay_kwargs
 from tests.app import toy_task

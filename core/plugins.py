@@ -1,23 +1,28 @@
-"""Tasks and objectives from installed packages: the entry-point groups ``raptb.tasks`` and
-``raptb.objectives``. raptb declares its own built-in tasks the same way (its
-``setup.py`` names each task folder's ``spec:SPEC``); its entry points are read first, by name.
+"""Plug-ins from installed packages: one loader for every entry-point group of raptb.
 
-A package adds a task or a GFlowNet objective to ``raptb train``, ``raptb eval`` and ``raptb
+A package adds a task, a loss or a replay buffer to ``raptb train``, ``raptb eval`` and ``raptb
 study`` (whose runs are child processes: each reads the entry points again) by declaring, in its
 ``pyproject.toml``::
 
     [project.entry-points."raptb.tasks"]
-    vowels = "mypkg.vowels:SPEC"          # an adapters.tasks.registry.TaskSpec
+    vowels = "mypkg.vowels:SPEC"          # a raptb.TaskSpec (adapters.tasks.registry)
 
     [project.entry-points."raptb.objectives"]
-    scaled_tb = "mypkg.losses:ScaledTB"   # a core.gfn.objectives.Objective subclass
+    scaled_tb = "mypkg.losses:ScaledTB"   # a raptb.Objective subclass (a GFlowNet objective)
 
-The entry point's name must equal the task's (the spec's ``name``) or objective's (the class's
-``name``) so that a run's configuration names what was loaded. Entry points are read once per
-process, on the first registry lookup (``adapters.tasks.registry.task_names``/``task_spec``, and
-:func:`objective_names`, which configuration validation calls). One that cannot be imported, is
-of the wrong type, or clashes with a name already registered raises :class:`PluginError`, a
-one-line message naming the entry point (``raptb`` exits with 2).
+    [project.entry-points."raptb.losses"]
+    my_rl = "mypkg.loss:LOSS"             # a raptb.Loss (an RL loss with its algorithm)
+
+    [project.entry-points."raptb.buffers"]
+    newest = "mypkg.replay:Newest"        # a raptb.ReplayBuffer subclass (its ``kind``)
+
+The entry point's name must equal the name of what it loads, so that a run's configuration names
+what was loaded. Each group is read once per process, on the first lookup of its registry (the
+tasks' in adapters.tasks.registry, the objectives' and losses' in app.configuration.losses, the
+buffers' in core.replay.factory). raptb declares its own built-in tasks the same way (its
+``setup.py`` names each task folder's ``spec:SPEC``); its entry points are read first, by name.
+One that cannot be imported, is of the wrong type, or clashes with a name already registered
+raises :class:`PluginError`, a one-line message naming the entry point (``raptb`` exits with 2).
 """
 
 from __future__ import annotations
@@ -26,11 +31,6 @@ from collections.abc import Callable, Iterable
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from raptb.core.gfn.objectives import OBJECTIVES, Objective, register_objective
-from raptb.core.rl.objectives import RL_OBJECTIVES
-
-TASK_GROUP = "raptb.tasks"
-OBJECTIVE_GROUP = "raptb.objectives"
 OWN_DISTRIBUTION = "raptb"
 """The distribution whose entry points are the built-in ones (loaded before any plug-in's)."""
 
@@ -114,27 +114,3 @@ def check_named(point: EntryPoint, loaded: Any, expected: type, label: str) -> N
         raise ValueError(f"must name a {label}, found {type(loaded).__name__}")
     if loaded.name != point.name:
         raise ValueError(f"the {label}'s name {loaded.name!r} differs from the entry point's")
-
-
-def _register_objective(point: EntryPoint, cls: Any) -> None:
-    if not (isinstance(cls, type) and issubclass(cls, Objective)):
-        raise ValueError("must name a subclass of raptb.core.gfn.objectives.Objective")
-    if getattr(cls, "name", None) != point.name:
-        raise ValueError(
-            f"the class's name {getattr(cls, 'name', None)!r} differs from the entry point's"
-        )
-    if point.name in RL_OBJECTIVES:
-        raise ValueError(f"{point.name!r} is an RL baseline's name")
-    register_objective(cls)
-
-
-def load_objective_plugins() -> None:
-    """Register the objectives of the ``raptb.objectives`` entry points (once per process; the
-    tasks' group is read by adapters.tasks.registry)."""
-    load_group_once(OBJECTIVE_GROUP, _register_objective)
-
-
-def objective_names() -> tuple[str, ...]:
-    """Every GFlowNet objective's name: the built-in ones, then the plug-ins'."""
-    load_objective_plugins()
-    return tuple(OBJECTIVES)
