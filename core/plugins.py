@@ -114,3 +114,14 @@ def check_named(point: EntryPoint, loaded: Any, expected: type, label: str) -> N
         raise ValueError(f"must name a {label}, found {type(loaded).__name__}")
     if loaded.name != point.name:
         raise ValueError(f"the {label}'s name {loaded.name!r} differs from the entry point's")
+
+
+def check_class(point: EntryPoint, loaded: Any, base: type, label: str, key: str = "name") -> None:
+    """ValueError unless ``loaded`` is a subclass of ``base`` (a ``label``, e.g.
+    "raptb.ReplayBuffer") whose ``key`` attribute is the entry point's name."""
+    if not (isinstance(loaded, type) and issubclass(loaded, base)):
+        raise ValueError(f"must name a subclass of {label}")
+    if getattr(loaded, key, None) != point.name:
+        raise ValueError(
+            f"the class's {key} {getattr(loaded, key, None)!r} differs from the entry point's"
+        )

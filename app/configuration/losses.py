@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from raptb.app.configuration.rl import PPO_TEMPERATURE
 from raptb.core.gfn.objectives import OBJECTIVES, Objective, register_objective
-from raptb.core.plugins import check_named, load_group_once
+from raptb.core.plugins import check_class, check_named, load_group_once
 from raptb.core.registry import Registry
 from raptb.core.replay import NO_REPLAY
 from raptb.core.rl.base import RLObjective
@@ -113,12 +113,7 @@ _RL_BASELINES = (
 
 
 def _register_objective(point: EntryPoint, cls: Any) -> None:
-    if not (isinstance(cls, type) and issubclass(cls, Objective)):
-        raise ValueError("must name a subclass of raptb.core.gfn.objectives.Objective")
-    if getattr(cls, "name", None) != point.name:
-        raise ValueError(
-            f"the class's name {getattr(cls, 'name', None)!r} differs from the entry point's"
-        )
+    check_class(point, cls, Objective, "raptb.Objective")
     if point.name in {loss.name for loss in _RL_BASELINES}:
         raise ValueError(f"{point.name!r} is an RL loss's name")
     register_objective(cls)

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from importlib.metadata import EntryPoint
 from typing import Any
 
-from raptb.core.plugins import load_group_once
+from raptb.core.plugins import check_class, load_group_once
 from raptb.core.registry import Registry
 from raptb.core.replay.base import ReplayBuffer
 from raptb.core.replay.options import buffer_kwargs
@@ -28,12 +28,7 @@ BUFFER_GROUP = "raptb.buffers"
 
 
 def _register_buffer_plugin(point: EntryPoint, cls: Any) -> None:
-    if not (isinstance(cls, type) and issubclass(cls, ReplayBuffer)):
-        raise ValueError("must name a subclass of raptb.ReplayBuffer")
-    if getattr(cls, "kind", None) != point.name:
-        raise ValueError(
-            f"the class's kind {getattr(cls, 'kind', None)!r} differs from the entry point's"
-        )
+    check_class(point, cls, ReplayBuffer, "raptb.ReplayBuffer", key="kind")
     BUFFERS.register(cls)
 
 
