@@ -10,7 +10,7 @@ declares what the algorithm asks of it (``holds_log_z``, ``uses_reference``, ``g
 Entries come from three places, read once per process on the first lookup:
 
 - the built-in losses: every GFlowNet objective of ``core.gfn.objectives`` with the GFlowNet
-  algorithm, then GRPO and PPO with theirs;
+  algorithm, then GRPO and PPO with theirs, then Pass@k and UCPO (GRPO's algorithm);
 - the ``raptb.objectives`` entry points (adapters.tasks.plugins): a GFlowNet objective class,
   trained by the GFlowNet algorithm;
 - the ``raptb.losses`` entry points: a :class:`Loss`, e.g. an RL loss with its own algorithm::
@@ -35,10 +35,13 @@ from raptb.core.registry import Registry
 from raptb.core.replay import NO_REPLAY
 from raptb.core.rl.base import RLObjective
 from raptb.core.rl.grpo import GRPO
+from raptb.core.rl.passk import PassK
 from raptb.core.rl.ppo import PPO
+from raptb.core.rl.ucpo import UCPO
 
 LOSS_GROUP = "raptb.losses"
 GFLOWNET_ALGORITHM = "raptb.app.training.algorithms.gflownet:GFlowNetAlgorithm"
+GRPO_ALGORITHM = "raptb.app.training.algorithms.grpo:GRPOAlgorithm"
 ON_POLICY: dict[str, Any] = {"replay": {"kind": NO_REPLAY}}
 """What an RL loss sets under the file and the flags (an explicit replay other than none is an
 error)."""
@@ -92,14 +95,7 @@ def _gflownet(cls: type[Objective]) -> Loss:
 
 
 _RL_BASELINES = (
-    Loss(
-        "grpo",
-        GRPO,
-        "raptb.app.training.algorithms.grpo:GRPOAlgorithm",
-        section="rl",
-        replay=False,
-        presets=ON_POLICY,
-    ),
+    Loss("grpo", GRPO, GRPO_ALGORITHM, section="rl", replay=False, presets=ON_POLICY),
     Loss(
         "ppo",
         PPO,
@@ -108,6 +104,9 @@ _RL_BASELINES = (
         replay=False,
         presets={**ON_POLICY, "rl": {"temperature": PPO_TEMPERATURE}},
     ),
+    # GRPO's algorithm and loss with other advantages (core.rl.passk, core.rl.ucpo)
+    Loss("passk", PassK, GRPO_ALGORITHM, section="rl", replay=False, presets=ON_POLICY),
+    Loss("ucpo", UCPO, GRPO_ALGORITHM, section="rl", replay=False, presets=ON_POLICY),
 )
 
 

@@ -1,6 +1,7 @@
 """The ``[rl]`` section of a run's configuration: the reward-maximising baselines PPO and GRPO
-(``--loss ppo|grpo``, app.training.algorithms.grpo and .ppo) with TRL's names, their defaults read
-from core's GRPO and PPO dataclasses so that each is written once. What each RL loss sets under the
+(``--loss ppo|grpo``, app.training.algorithms.grpo and .ppo) and GRPO's variants (``--loss
+passk|ucpo``) with TRL's names, their defaults read from core's dataclasses so that each is
+written once. What each RL loss sets under the
 file and the flags is its entry's in app.configuration.losses.
 """
 
@@ -13,7 +14,9 @@ from pydantic import Field
 
 from raptb.app.configuration.sections import Section, core_default
 from raptb.core.rl.grpo import GRPO
+from raptb.core.rl.passk import PassK
 from raptb.core.rl.ppo import PPO
+from raptb.core.rl.ucpo import UCPO
 
 # The sampling temperature's default per method, TRL's: GRPOConfig.temperature 1.0 (TRL 1.16,
 # trl/trainer/grpo_config.py), PPOConfig.temperature 0.7 (TRL 1.12,
@@ -21,7 +24,7 @@ from raptb.core.rl.ppo import PPO
 GRPO_TEMPERATURE = 1.0
 PPO_TEMPERATURE = 0.7
 # TRL's defaults as core writes them (the names the two share are not in the [rl] section)
-_RL_DEFAULTS = {f.name: f.default for cls in (PPO, GRPO) for f in fields(cls)}
+_RL_DEFAULTS = {f.name: f.default for cls in (PPO, GRPO, PassK, UCPO) for f in fields(cls)}
 
 
 def _trl(name: str, description: str, **constraints: Any) -> Any:
@@ -63,6 +66,18 @@ class RLConfig(Section):
     beta: float = _trl("beta", "GRPO: weight of the k3 KL penalty to the reference.", ge=0)
     importance_sampling_level: Literal["token", "sequence"] = _trl(
         "importance_sampling_level", "GRPO: one ratio per token, or per sequence (GSPO)."
+    )
+    pass_k: int = _trl(
+        "pass_k", "Pass@k: the k of the pass@k reward (<= num_generations; the authors' 4).", ge=1
+    )
+    ucpo_tau: float = _trl(
+        "ucpo_tau",
+        "UCPO: share of the inverse-q advantages over the correct set (0: GRPO; the authors' tau).",
+        ge=0,
+        le=1,
+    )
+    ucpo_alpha: float = _trl(
+        "ucpo_alpha", "UCPO: sharpening of the incorrect set (the authors' alpha; 0: off).", ge=0
     )
     cliprange: float = _trl("cliprange", "PPO: clip range of the policy ratio.", ge=0)
     cliprange_value: float = _trl("cliprange_value", "PPO: clip range of the value.", ge=0)

@@ -92,6 +92,9 @@ class GRPO(RLObjective):
 
     name: ClassVar[str] = "grpo"
     grouped: ClassVar[bool] = True
+    # whether ``advantages`` reads the rows' sequence log-probs under the behaviour policy (UCPO);
+    # the algorithm then scores them (without gradients) before the step's advantages
+    reads_sequence_log_probs: ClassVar[bool] = False
     num_generations: int = 8
     scale_rewards: ScaleRewards = "group"
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"] = "dapo"
@@ -151,6 +154,15 @@ class GRPO(RLObjective):
         """The k3 KL penalty reads the reference when beta != 0."""
         return self.beta != 0.0
 
+    def advantages(
+        self, rewards: Array, sequence_log_probs: Array | None = None, lengths: Array | None = None
+    ) -> tuple[Array, Array]:
+        """Advantages [B] of ``rewards`` [B] (whole groups of num_generations rows) and the std
+        [B] each was divided by; a subclass may read each row's ``sequence_log_probs`` [B] (sum
+        of the behaviour log-probs of its actions) and ``lengths`` [B] (its action count, tau + 1),
+        given when it sets ``reads_sequence_log_probs``."""
+        return group_advantages(rewards, self.num_generations, self.scale_rewards)
+
     @property
     def epsilon_low(self) -> float:
         return self.epsilon
@@ -186,7 +198,10 @@ class GRPO(RLObjective):
         mask = xp.astype(batch.action_mask, batch.log_probs.dtype)
         rewards = stop_gradient(batch.rewards)
         if advantages is None:
-            adv_flat, std = group_advantages(rewards, self.num_generations, self.scale_rewards)
+            old = batch.masked(stop_gradient(batch.old_log_probs))
+            adv_flat, std = self.advantages(
+                rewards, xp.sum(old * mask, axis=1), xp.sum(mask, axis=1)
+            )
         else:
             adv_flat, std = (stop_gradient(a) for a in advantages)
         adv = adv_flat[:, None]

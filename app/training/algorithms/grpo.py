@@ -1,7 +1,9 @@
 """GRPO (``--loss grpo``), as TRL's: one optimizer step per logged step over one generation batch
 (the step's batch_size x grad_accum rows): advantages over all its rows (every process's:
 ``scale_rewards = "batch"`` divides by their std), dapo/cispo normalised by all its actions, the
-loss accumulated over micro-batches of batch_size rows (app.training.rl_step)."""
+loss accumulated over micro-batches of batch_size rows (app.training.rl_step). The advantages are
+the objective's (``GRPO.advantages``): GRPO's group normalisation, or a subclass's (Pass@k's,
+UCPO's, which also reads each row's sequence log-prob)."""
 
 from __future__ import annotations
 
@@ -11,10 +13,14 @@ from typing import Any
 import torch
 
 from raptb.app.training.algorithm import Loop
-from raptb.app.training.algorithms.rl_rollout import RLAlgorithm, RLStats, rl_record
-from raptb.app.training.rl_step import rl_loss_step
+from raptb.app.training.algorithms.rl_rollout import (
+    OnPolicyRows,
+    RLAlgorithm,
+    RLStats,
+    rl_record,
+)
+from raptb.app.training.rl_step import rl_loss_step, score_actions
 from raptb.app.training.step import LossResult, Trajectories
-from raptb.core.rl.advantages import group_advantages
 from raptb.core.rl.grpo import GRPO
 
 
@@ -38,13 +44,20 @@ class GRPOAlgorithm(RLAlgorithm):
         rollout = self._on_policy_rows()
         terminal = torch.cat(rollout.terminal)
         actions = int(sum(int(piece.length.sum()) + len(piece.rows) for piece in rollout.pieces))
-        # one gather: every process's rewards (rank order = row order) and action count
-        shared = loop.dist.all_gather_object((terminal.tolist(), actions))
-        everyone = torch.tensor([r for rank, _ in shared for r in rank], dtype=terminal.dtype)
-        adv, std = group_advantages(everyone, objective.num_generations, objective.scale_rewards)
+        sequences = self._sequence_log_probs(rollout)
+        # one gather: every process's rewards (rank order = row order), action count, and the
+        # rows' sequence log-probs and action counts when the advantages read them
+        shared = loop.dist.all_gather_object((terminal.tolist(), actions, sequences))
+        everyone = torch.tensor([r for rank, _, _ in shared for r in rank], dtype=terminal.dtype)
+        if sequences is None:
+            adv, std = objective.advantages(everyone)
+        else:
+            seq = torch.tensor([v for _, _, s in shared for v in s[0]], dtype=terminal.dtype)
+            lens = torch.tensor([v for _, _, s in shared for v in s[1]])
+            adv, std = objective.advantages(everyone, seq, lens)
         own = slice(loop.dist.rank * len(terminal), (loop.dist.rank + 1) * len(terminal))
         adv, std = adv[own].to(terminal.device), std[own].to(terminal.device)
-        num_items = sum(count for _, count in shared) / loop.dist.world_size
+        num_items = sum(count for _, count, _ in shared) / loop.dist.world_size
         batches = rollout.micro_batches(loop.rank_batch)
         agree = loop.dist.all_true if loop.dist.sharding else None
 
@@ -73,3 +86,19 @@ class GRPOAlgorithm(RLAlgorithm):
             totals.loss, totals.diagnostics, totals.on_policy, len(totals.correct), totals.rewards
         )
         return rl_record(loop, [stats], [stats], time.perf_counter() - start)
+
+    def _sequence_log_probs(self, rollout: OnPolicyRows) -> tuple[list[float], list[int]] | None:
+        """Each row's sequence log-prob (sum over its tau + 1 actions at the rollout's
+        temperature, no gradient) and action count, when the objective's advantages read them
+        (``reads_sequence_log_probs``: one extra teacher-forced pass); else None."""
+        if not self.objective.reads_sequence_log_probs:
+            return None
+        policy, log_probs, lengths = self.loop.policy, [], []
+        with torch.no_grad():
+            for piece in rollout.pieces:
+                actions, _ = score_actions(
+                    policy, piece.prompt, piece.tokens, piece.length, None, piece.temperature
+                )
+                log_probs += actions.sum(dim=1).tolist()
+                lengths += (piece.length + 1).tolist()
+        return log_probs, lengths

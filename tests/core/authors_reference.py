@@ -1,0 +1,94 @@
+"""The authors' lines of the diversity-seeking RL losses, transcribed as written (their libraries,
+their constants), for the tests to hold raptb's implementations to.
+
+- ``passk_calc_adv``: RUCAIBox/Passk_Training ``code/passk_adv.py`` ``calc_adv``, commit
+  c3ba575ecb31f47fd9f5c43b18c081d4a295f783 (numpy and ``scipy.special.comb``).
+- ``ucpo_invq_advantages``: AnamikaLochab/UCPO ``verl/verl/trainer/ppo/core_algos.py``
+  ``compute_dgrpo_advantage_outcome_invq_l``, commit 93ce5064d7373babc62b69a4a6b884ebfb7d658b
+  (torch; the statistics bookkeeping left out, the arithmetic unchanged). The group id is the
+  row's index // num_generations (their ``uid``), their mask the row's tau + 1 actions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from scipy.special import comb
+
+
+def passk_calc_adv(val: np.ndarray, k: int) -> np.ndarray:
+    c = len(np.where(val == 1)[0])
+    n = len(val)
+    rho = 1 - comb(n - c, k) / comb(n, k)
+    sigma = np.sqrt(rho * (1 - rho))
+    adv_p = (1 - rho) / (sigma + 1e-6)
+    adv_n = (1 - rho - comb(n - c - 1, k - 1) / comb(n - 1, k - 1)) / (sigma + 1e-6)
+    new_val = np.where(val == 1, adv_p, val)
+    new_val = np.where(new_val == 0, adv_n, new_val)
+    return new_val
+
+
+def ucpo_invq_advantages(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    idx_t: torch.Tensor,
+    tau: float = 0.3,
+    alpha: float = 0.0,
+    epsilon: float = 1e-8,
+) -> torch.Tensor:
+    """Per-row advantages [B] (their [B, T] output before ``* response_mask``)."""
+    scores = token_level_rewards.sum(dim=-1)
+    seq_logp = (old_log_prob * response_mask).sum(dim=-1)
+    advantages = torch.zeros_like(scores)
+    unique_groups = torch.unique(idx_t)
+    for gid in unique_groups:
+        gmask = idx_t == gid
+        group_scores = scores[gmask]
+        if group_scores.numel() > 1:
+            mean_g = group_scores.mean()
+            std_g = group_scores.std(unbiased=True)
+            advantages[gmask] = (group_scores - mean_g) / (std_g + epsilon)
+        else:
+            advantages[gmask] = group_scores - group_scores.mean()
+    original_advantages = advantages.clone()
+    for gid in unique_groups:
+        gidx = torch.nonzero(idx_t == gid, as_tuple=False).squeeze(-1)
+        group_logp = seq_logp[gidx]
+        group_scores = scores[gidx]
+        lengths = (response_mask[gidx] > 0).sum(dim=-1)
+        corr_mask = group_scores > 0
+        if corr_mask.sum() > 1:
+            valid_idx = gidx[corr_mask]
+            log_pi = group_logp[corr_mask]
+            lens = lengths[corr_mask]
+            n_correct = corr_mask.sum().float()
+            log_pi_scaled = log_pi / lens
+            log_q = log_pi_scaled - torch.logsumexp(log_pi_scaled, dim=0)
+            log_q = log_q.detach()
+            q = log_q.exp()
+            q_clamped = q.clamp(min=1e-6)
+            inv_q = 1.0 / q_clamped
+            target_weights = inv_q / inv_q.sum()
+            uniform_weights = torch.ones_like(q) / n_correct
+            blended_weights = (1.0 - tau) * uniform_weights + tau * target_weights
+            A_base = original_advantages[valid_idx[0]]
+            per_response_weights = blended_weights * n_correct
+            new_advantages = A_base * per_response_weights
+            advantages[valid_idx] = new_advantages.detach()
+        inc_mask = ~corr_mask
+        if inc_mask.sum() > 1 and alpha > 0:
+            bad_idx = gidx[inc_mask]
+            log_pi = group_logp[inc_mask]
+            lens = lengths[inc_mask]
+            log_pi_scaled = log_pi / lens
+            log_q = log_pi_scaled - torch.logsumexp(log_pi_scaled, dim=0)
+            log_q = log_q.detach()
+            q = log_q.exp()
+            Hq = -(q * log_q).sum()
+            surprisal = -log_q
+            centered_term = surprisal - Hq
+            penalty = alpha * centered_term
+            penalty = torch.clamp(penalty, min=0.0)
+            advantages[bad_idx] -= penalty.detach()
+    return advantages
