@@ -67,6 +67,32 @@ class RLConfig(Section):
     importance_sampling_level: Literal["token", "sequence"] = _trl(
         "importance_sampling_level", "GRPO: one ratio per token, or per sequence (GSPO)."
     )
+    entropy_coef: float = _trl(
+        "entropy_coef",
+        "GRPO: weight of the entropy bonus (mean per-action entropy of the policy at "
+        "rl.temperature, whatever the loss_type); the initial one with use_adaptive_entropy.",
+        ge=0,
+    )
+    use_adaptive_entropy: bool = _trl(
+        "use_adaptive_entropy",
+        "GRPO: adaptive entropy control (Skywork-OR1, TRL's): entropy_coef moves by "
+        "entropy_coef_delta each step toward keeping the entropy above entropy_target, and "
+        "applies only while the last step's entropy is at or below it.",
+    )
+    entropy_coef_min: float = _trl(
+        "entropy_coef_min", "GRPO: lower bound of the adaptive entropy_coef.", ge=0
+    )
+    entropy_coef_max: float = _trl(
+        "entropy_coef_max", "GRPO: upper bound of the adaptive entropy_coef.", ge=0
+    )
+    entropy_coef_delta: float = _trl(
+        "entropy_coef_delta", "GRPO: step of the adaptive entropy_coef per optimizer step.", ge=0
+    )
+    entropy_target: float = _trl(
+        "entropy_target",
+        "GRPO: target mean per-action entropy (nats) of the adaptive control.",
+        ge=0,
+    )
     pass_k: int = _trl(
         "pass_k", "Pass@k: the k of the pass@k reward (<= num_generations; the authors' 4).", ge=1
     )

@@ -92,3 +92,49 @@ def ucpo_invq_advantages(
             penalty = torch.clamp(penalty, min=0.0)
             advantages[bad_idx] -= penalty.detach()
     return advantages
+
+
+def trl_entropy_loss(
+    entropies: torch.Tensor,
+    mask: torch.Tensor,
+    loss_type: str,
+    num_items_in_batch: float,
+    num_processes: int,
+    gradient_accumulation_steps: int,
+) -> torch.Tensor:
+    """huggingface/trl ``trl/trainer/grpo_trainer.py`` ``_compute_loss``, commit
+    f2cd57710ae345ea6428ae95363267fcf38a3dc8: the entropy term of one micro-batch (train mode,
+    no entropy mask), which the loss subtracts times the applied coefficient."""
+    if loss_type in ["cispo", "dapo", "vespo"]:
+        normalizer = torch.tensor(float(num_items_in_batch)).clamp(min=1.0) / num_processes
+        return (entropies * mask).sum() / normalizer
+    normalizer = gradient_accumulation_steps
+    return (entropies * mask).sum() / mask.sum().clamp(min=1.0) / normalizer
+
+
+class TRLAdaptiveEntropy:
+    """The same file's adaptive controller: ``__init__`` (``_last_world_entropy = inf``), the
+    applied coefficient and the update at the optimizer-step boundary, one process."""
+
+    def __init__(self, entropy_coef, entropy_target, entropy_coef_delta, coef_min, coef_max):
+        self.entropy_coef = entropy_coef
+        self.entropy_target = entropy_target
+        self.entropy_coef_delta = entropy_coef_delta
+        self.entropy_coef_min = coef_min
+        self.entropy_coef_max = coef_max
+        self._last_world_entropy = float("inf")
+
+    def apply_coef(self) -> float:
+        return self.entropy_coef if self._last_world_entropy <= self.entropy_target else 0.0
+
+    def step(self, window_stats: torch.Tensor) -> None:
+        world_entropy = (window_stats[0] / window_stats[1].clamp(min=1.0)).item()
+        if world_entropy <= self.entropy_target:
+            self.entropy_coef = min(
+                self.entropy_coef + self.entropy_coef_delta, self.entropy_coef_max
+            )
+        else:
+            self.entropy_coef = max(
+                self.entropy_coef - self.entropy_coef_delta, self.entropy_coef_min
+            )
+        self._last_world_entropy = world_entropy

@@ -21,6 +21,7 @@ from raptb.app.training.algorithms.rl_rollout import (
 )
 from raptb.app.training.rl_step import rl_loss_step, score_actions
 from raptb.app.training.step import LossResult, Trajectories
+from raptb.core.rl.entropy import AdaptiveEntropy
 from raptb.core.rl.grpo import GRPO
 
 
@@ -32,6 +33,30 @@ class GRPOAlgorithm(RLAlgorithm):
     def __init__(self, loop: Loop) -> None:
         super().__init__(loop)
         self.objective = loop.cfg.build_objective()
+        objective = self.objective
+        self.entropy_control = (
+            AdaptiveEntropy(
+                objective.entropy_coef,
+                objective.entropy_target,
+                objective.entropy_coef_delta,
+                objective.entropy_coef_min,
+                objective.entropy_coef_max,
+            )
+            if objective.use_adaptive_entropy
+            else None
+        )
+
+    def run_state(self) -> dict[str, Any]:
+        """The adaptive entropy controller's coefficient and last entropy (TRL saves both)."""
+        control = self.entropy_control
+        if control is None:
+            return {}
+        return {"entropy_coef": control.coef, "last_world_entropy": control.last_entropy}
+
+    def load_run_state(self, state: dict[str, Any]) -> None:
+        if self.entropy_control is not None and "entropy_coef" in state:
+            self.entropy_control.coef = float(state["entropy_coef"])
+            self.entropy_control.last_entropy = float(state["last_world_entropy"])
 
     def optimizer_step(self) -> dict[str, Any] | None:
         """Roll out the step's rows, take the advantages over all of them and normalise
@@ -60,9 +85,12 @@ class GRPOAlgorithm(RLAlgorithm):
         num_items = sum(count for _, count, _ in shared) / loop.dist.world_size
         batches = rollout.micro_batches(loop.rank_batch)
         agree = loop.dist.all_true if loop.dist.sharding else None
+        control = self.entropy_control
+        entropy_coef = None if control is None else control.applied
+        entropy_sums: list[tuple[float, int]] = []  # per micro-batch: sum of H, actions
 
         def loss(parts: list[tuple[Trajectories, torch.Tensor]], rows: slice) -> LossResult | None:
-            return rl_loss_step(
+            result = rl_loss_step(
                 loop.policy,
                 objective,
                 parts,
@@ -71,7 +99,12 @@ class GRPOAlgorithm(RLAlgorithm):
                 advantages=(adv[rows], std[rows]),
                 num_items_in_batch=num_items,
                 grad_accum=len(batches),
+                entropy_coef=entropy_coef,
             )
+            if result is not None and control is not None:
+                count = sum(int(batch.length.sum()) + len(batch.rows) for batch, _ in parts)
+                entropy_sums.append((result.diagnostics["entropy"] * count, count))
+            return result
 
         totals = loop.accumulate(
             batches,
@@ -85,7 +118,17 @@ class GRPOAlgorithm(RLAlgorithm):
         stats = RLStats(
             totals.loss, totals.diagnostics, totals.on_policy, len(totals.correct), totals.rewards
         )
-        return rl_record(loop, [stats], [stats], time.perf_counter() - start)
+        record = rl_record(loop, [stats], [stats], time.perf_counter() - start)
+        if control is not None:
+            # the step's entropy over every process's actions, as TRL's controller measures it
+            shared_sums = loop.dist.all_gather_object(entropy_sums)
+            total = sum(h for rank in shared_sums for h, _ in rank)
+            count = sum(n for rank in shared_sums for _, n in rank)
+            control.update(total / max(count, 1))
+            record["entropy_coef"] = control.coef
+        elif objective.uses_entropy:
+            record["entropy_coef"] = objective.entropy_coef
+        return record
 
     def _sequence_log_probs(self, rollout: OnPolicyRows) -> tuple[list[float], list[int]] | None:
         """Each row's sequence log-prob (sum over its tau + 1 actions at the rollout's
