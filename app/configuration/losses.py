@@ -10,7 +10,7 @@ declares what the algorithm asks of it (``holds_log_z``, ``uses_reference``, ``g
 Entries come from three places, read once per process on the first lookup:
 
 - the built-in losses: every GFlowNet objective of ``core.gfn.objectives`` with the GFlowNet
-  algorithm, then GRPO and PPO with theirs, then Pass@k and UCPO (GRPO's algorithm);
+  algorithm, then GRPO and PPO with theirs, then DAPO, Pass@k and UCPO (GRPO's algorithm);
 - the ``raptb.objectives`` entry points (adapters.tasks.plugins): a GFlowNet objective class,
   trained by the GFlowNet algorithm;
 - the ``raptb.losses`` entry points: a :class:`Loss`, e.g. an RL loss with its own algorithm::
@@ -34,6 +34,7 @@ from raptb.core.gfn.objectives import OBJECTIVES, Objective
 from raptb.core.registry import Registry
 from raptb.core.replay import NO_REPLAY
 from raptb.core.rl.base import RLObjective
+from raptb.core.rl.dapo import DAPO, DAPO_EPSILON_HIGH
 from raptb.core.rl.grpo import GRPO
 from raptb.core.rl.passk import PassK
 from raptb.core.rl.ppo import PPO
@@ -103,6 +104,15 @@ _RL_BASELINES = (
         section="rl",
         replay=False,
         presets={**ON_POLICY, "rl": {"temperature": PPO_TEMPERATURE}},
+    ),
+    # GRPO with DAPO's clip-higher and dynamic sampling (core.rl.dapo)
+    Loss(
+        "dapo",
+        DAPO,
+        GRPO_ALGORITHM,
+        section="rl",
+        replay=False,
+        presets={**ON_POLICY, "rl": {"epsilon_high": DAPO_EPSILON_HIGH, "filter_groups": True}},
     ),
     # GRPO's algorithm and loss with other advantages (core.rl.passk, core.rl.ucpo)
     Loss("passk", PassK, GRPO_ALGORITHM, section="rl", replay=False, presets=ON_POLICY),

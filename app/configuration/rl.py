@@ -1,6 +1,6 @@
 """The ``[rl]`` section of a run's configuration: the reward-maximising baselines PPO and GRPO
 (``--loss ppo|grpo``, app.training.algorithms.grpo and .ppo) and GRPO's variants (``--loss
-passk|ucpo``) with TRL's names, their defaults read from core's dataclasses so that each is
+dapo|passk|ucpo``) with TRL's names, their defaults read from core's dataclasses so that each is
 written once. What each RL loss sets under the
 file and the flags is its entry's in app.configuration.losses.
 """
@@ -92,6 +92,19 @@ class RLConfig(Section):
         "entropy_target",
         "GRPO: target mean per-action entropy (nats) of the adaptive control.",
         ge=0,
+    )
+    # DAPO's dynamic sampling, an option of GRPO's algorithm (app.training.algorithms
+    # .dynamic_sampling); the DAPO authors' names (verl's algorithm.filter_groups), not core's
+    filter_groups: bool = Field(
+        False,
+        description="GRPO: DAPO's dynamic sampling: refill each group whose rewards are all "
+        "equal (zero advantages) with a fresh group of its prompt, round after round.",
+    )
+    max_num_gen_batches: int = Field(
+        10,
+        description="GRPO with filter_groups: the most generation rounds of a step, the first "
+        "included (DAPO's cap; the groups still without variance then train as they are).",
+        ge=1,
     )
     pass_k: int = _trl(
         "pass_k", "Pass@k: the k of the pass@k reward (<= num_generations; the authors' 4).", ge=1

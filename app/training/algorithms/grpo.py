@@ -3,7 +3,8 @@
 ``scale_rewards = "batch"`` divides by their std), dapo/cispo normalised by all its actions, the
 loss accumulated over micro-batches of batch_size rows (app.training.rl_step). The advantages are
 the objective's (``GRPO.advantages``): GRPO's group normalisation, or a subclass's (Pass@k's,
-UCPO's, which also reads each row's sequence log-prob)."""
+UCPO's, which also reads each row's sequence log-prob). With ``rl.filter_groups`` the groups whose
+rewards are all equal are refilled first (DAPO's dynamic sampling, .dynamic_sampling)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 
 from raptb.app.training.algorithm import Loop
+from raptb.app.training.algorithms.dynamic_sampling import refill_zero_variance_groups
 from raptb.app.training.algorithms.rl_rollout import (
     OnPolicyRows,
     RLAlgorithm,
@@ -34,6 +36,11 @@ class GRPOAlgorithm(RLAlgorithm):
         super().__init__(loop)
         self.objective = loop.cfg.build_objective()
         objective = self.objective
+        if loop.cfg.rl.filter_groups and loop.dist.sharding:
+            raise ValueError(
+                "rl.filter_groups (dynamic sampling) is not supported with a sharded model: "
+                "its extra rollouts differ by process"
+            )
         self.entropy_control = (
             AdaptiveEntropy(
                 objective.entropy_coef,
@@ -67,6 +74,11 @@ class GRPOAlgorithm(RLAlgorithm):
         loop.optimizer.zero_grad(set_to_none=True)
         start = time.perf_counter()
         rollout = self._on_policy_rows()
+        refill = None
+        if loop.cfg.rl.filter_groups:
+            rollout, refill = refill_zero_variance_groups(
+                loop, rollout, objective.num_generations, loop.cfg.rl.max_num_gen_batches
+            )
         terminal = torch.cat(rollout.terminal)
         actions = int(sum(int(piece.length.sum()) + len(piece.rows) for piece in rollout.pieces))
         sequences = self._sequence_log_probs(rollout)
@@ -119,6 +131,8 @@ class GRPOAlgorithm(RLAlgorithm):
             totals.loss, totals.diagnostics, totals.on_policy, len(totals.correct), totals.rewards
         )
         record = rl_record(loop, [stats], [stats], time.perf_counter() - start)
+        if refill is not None:
+            record.update(refill.record(len(terminal) // objective.num_generations))
         if control is not None:
             # the step's entropy over every process's actions, as TRL's controller measures it
             shared_sums = loop.dist.all_gather_object(entropy_sums)
