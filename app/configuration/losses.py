@@ -10,7 +10,7 @@ declares what the algorithm asks of it (``holds_log_z``, ``uses_reference``, ``g
 Entries come from three places, read once per process on the first lookup:
 
 - the built-in losses: every GFlowNet objective of ``core.gfn.objectives`` with the GFlowNet
-  algorithm, then GRPO and PPO with theirs, then DAPO, Pass@k and UCPO (GRPO's algorithm);
+  algorithm, then GRPO and PPO with theirs, then DAPO, Pass@k and UCPO (GRPO's algorithm) and ROVER;
 - the ``raptb.objectives`` entry points (adapters.tasks.plugins): a GFlowNet objective class,
   trained by the GFlowNet algorithm;
 - the ``raptb.losses`` entry points: a :class:`Loss`, e.g. an RL loss with its own algorithm::
@@ -38,6 +38,7 @@ from raptb.core.rl.dapo import DAPO, DAPO_EPSILON_HIGH
 from raptb.core.rl.grpo import GRPO
 from raptb.core.rl.passk import PassK
 from raptb.core.rl.ppo import PPO
+from raptb.core.rl.rover import ROVER
 from raptb.core.rl.ucpo import UCPO
 
 LOSS_GROUP = "raptb.losses"
@@ -117,6 +118,20 @@ _RL_BASELINES = (
     # GRPO's algorithm and loss with other advantages (core.rl.passk, core.rl.ucpo)
     Loss("passk", PassK, GRPO_ALGORITHM, section="rl", replay=False, presets=ON_POLICY),
     Loss("ucpo", UCPO, GRPO_ALGORITHM, section="rl", replay=False, presets=ON_POLICY),
+    # the authors' schedule, one pass of four mini-batch updates per rollout; the centred reward
+    # divided by the group's std, so that the task reward's scale (lambda S) drops out as it
+    # does for the authors' 0/1 reward (core.rl.rover)
+    Loss(
+        "rover",
+        ROVER,
+        "raptb.app.training.algorithms.rover:ROVERAlgorithm",
+        section="rl",
+        replay=False,
+        presets={
+            **ON_POLICY,
+            "rl": {"num_ppo_epochs": 1, "num_mini_batches": 4, "norm_adv_by_std_in_grpo": True},
+        },
+    ),
 )
 
 

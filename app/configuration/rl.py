@@ -1,8 +1,8 @@
 """The ``[rl]`` section of a run's configuration: the reward-maximising baselines PPO and GRPO
-(``--loss ppo|grpo``, app.training.algorithms.grpo and .ppo) and GRPO's variants (``--loss
-dapo|passk|ucpo``) with TRL's names, their defaults read from core's dataclasses so that each is
-written once. What each RL loss sets under the
-file and the flags is its entry's in app.configuration.losses.
+(``--loss ppo|grpo``, app.training.algorithms.grpo and .ppo), GRPO's variants (``--loss
+dapo|passk|ucpo``) and ROVER (``--loss rover``) with TRL's names (or the authors' where TRL has
+none), their defaults read from core's dataclasses so that each is written once. What each RL
+loss sets under the file and the flags is its entry's in app.configuration.losses.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from raptb.app.configuration.sections import Section, core_default
 from raptb.core.rl.grpo import GRPO
 from raptb.core.rl.passk import PassK
 from raptb.core.rl.ppo import PPO
+from raptb.core.rl.rover import ROVER
 from raptb.core.rl.ucpo import UCPO
 
 # The sampling temperature's default per method, TRL's: GRPOConfig.temperature 1.0 (TRL 1.16,
@@ -24,7 +25,7 @@ from raptb.core.rl.ucpo import UCPO
 GRPO_TEMPERATURE = 1.0
 PPO_TEMPERATURE = 0.7
 # TRL's defaults as core writes them (the names the two share are not in the [rl] section)
-_RL_DEFAULTS = {f.name: f.default for cls in (PPO, GRPO, PassK, UCPO) for f in fields(cls)}
+_RL_DEFAULTS = {f.name: f.default for cls in (PPO, GRPO, PassK, UCPO, ROVER) for f in fields(cls)}
 
 
 def _trl(name: str, description: str, **constraints: Any) -> Any:
@@ -118,6 +119,16 @@ class RLConfig(Section):
     ucpo_alpha: float = _trl(
         "ucpo_alpha", "UCPO: sharpening of the incorrect set (the authors' alpha; 0: off).", ge=0
     )
+    norm_adv_by_std_in_grpo: bool = _trl(
+        "norm_adv_by_std_in_grpo",
+        "ROVER: divide the group-centred reward by the group's std (the authors' switch).",
+    )
+    rover_action_set: Literal["tree", "vocabulary"] = _trl(
+        "rover_action_set",
+        "ROVER: the actions the uniform policy averages over at a state: the prefix tree's "
+        "children (tokens the grammar allows, the stop where allowed) or the model's whole "
+        "vocabulary (the authors').",
+    )
     cliprange: float = _trl("cliprange", "PPO: clip range of the policy ratio.", ge=0)
     cliprange_value: float = _trl("cliprange_value", "PPO: clip range of the value.", ge=0)
     vf_coef: float = _trl("vf_coef", "PPO: weight of the value loss.", ge=0)
@@ -129,11 +140,13 @@ class RLConfig(Section):
     # TRL's PPOConfig defaults; the update schedule (app.training.ppo_update), not the loss's, so
     # not core's
     num_ppo_epochs: int = Field(
-        4, description="PPO: passes over each step's rollout (TRL's num_ppo_epochs).", ge=1
+        4,
+        description="PPO, ROVER: passes over each step's rollout (TRL's num_ppo_epochs).",
+        ge=1,
     )
     num_mini_batches: int = Field(
         1,
-        description="PPO: shuffled mini-batches per pass, one optimizer step each (grad_accum x "
-        "batch_size rows per process must be a multiple).",
+        description="PPO, ROVER: shuffled mini-batches per pass, one optimizer step each "
+        "(grad_accum x batch_size rows per process must be a multiple).",
         ge=1,
     )

@@ -23,7 +23,7 @@ def test_each_loss_reads_its_section_and_presets():
     with pytest.raises(ConfigError, match="rows_per_prompt 6 must each be a multiple"):
         build_config(overrides={"loss": "grpo", "optim.rows_per_prompt": 6})  # grouped
     assert build_config(overrides={"loss": "ppo", "optim.rows_per_prompt": 6})  # not grouped
-    assert list(LOSSES)[-5:] == ["grpo", "ppo", "dapo", "passk", "ucpo"]
+    assert list(LOSSES)[-6:] == ["grpo", "ppo", "dapo", "passk", "ucpo", "rover"]
 
 
 @pytest.mark.parametrize(

@@ -138,3 +138,66 @@ class TRLAdaptiveEntropy:
                 self.entropy_coef - self.entropy_coef_delta, self.entropy_coef_min
             )
         self._last_world_entropy = world_entropy
+
+
+def rover_compute_rover_reward(
+    token_level_rewards: torch.Tensor,
+    eos_mask: torch.Tensor,
+    index,
+    norm_adv_by_std_in_grpo: bool = False,
+    epsilon: float = 1e-6,
+) -> torch.Tensor:
+    """tinnerhrhe/ROVER ``Countdown/verl/trainer/ppo/core_algos.py`` ``compute_rover_reward``,
+    commit b0fa5878a0c7a29a9d18205b19d024b779b0609c (``step`` unused there, left out)."""
+    from collections import defaultdict
+
+    response_length = token_level_rewards.shape[-1]
+    non_zero_mask = token_level_rewards != 0
+    scores = (token_level_rewards * non_zero_mask).sum(dim=-1)
+    id2score = defaultdict(list)
+    id2mean = {}
+    id2std = {}
+    with torch.no_grad():
+        bsz = scores.shape[0]
+        for i in range(bsz):
+            id2score[index[i]].append(scores[i])
+        for idx in id2score:
+            if len(id2score[idx]) == 1:
+                id2mean[idx] = torch.tensor(0.0)
+                id2std[idx] = torch.tensor(1.0)
+            elif len(id2score[idx]) > 1:
+                id2mean[idx] = torch.mean(torch.tensor(id2score[idx]))
+                id2std[idx] = torch.std(torch.tensor([id2score[idx]]))
+        for i in range(bsz):
+            if norm_adv_by_std_in_grpo:
+                scores[i] = (scores[i] - id2mean[index[i]]) / (id2std[index[i]] + epsilon)
+            else:
+                scores[i] = scores[i] - id2mean[index[i]]
+        scores = scores.unsqueeze(-1).tile([1, response_length]) * eos_mask
+    return scores
+
+
+def rover_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    current_q: torch.Tensor,
+    old_logits: torch.Tensor,
+    low_var_reward: torch.Tensor,
+    response_mask: torch.Tensor,
+) -> torch.Tensor:
+    """The same commit's ``Countdown/verl/workers/actor/dp_actor.py``
+    ``DataParallelROVERActor.update_policy`` (one micro-batch, before ``/ gradient_accumulation``)
+    with ``core_algos.compute_rover_loss``: ``current_q`` / ``old_logits`` are the per-state
+    means of the log-softmax (``sum_log_softmax``) under the current and the old policy."""
+    q_values = log_prob - old_log_prob
+    q_values = q_values * response_mask
+    next_q = torch.cat(
+        [
+            (current_q[:, 1:] - old_logits[:, 1:]) * response_mask[:, 1:],
+            torch.zeros_like(q_values[:, :1]),
+        ],
+        dim=1,
+    ).detach()
+    target = low_var_reward.float() + next_q
+    loss = (q_values.float() - target.float().detach()) ** 2
+    return (loss * response_mask).sum() / response_mask.sum()
