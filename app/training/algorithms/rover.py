@@ -144,7 +144,8 @@ class ROVERAlgorithm(RLAlgorithm):
         """Backpropagate the loss of the step's ``rows`` (indices into the parts' rows in order),
         each part's loss weighted by its share of them; None when one is not finite."""
         agree = self.loop.dist.all_true if self.loop.dist.world_size > 1 else None
-        loss, diagnostics, start = 0.0, {}, 0
+        loss, start = 0.0, 0
+        diagnostics: dict[str, float] = {}
         for part in parts:
             stop = start + part.rows
             own = rows[(rows >= start) & (rows < stop)] - start
