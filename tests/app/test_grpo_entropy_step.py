@@ -86,3 +86,22 @@ def test_softmax_entropy_is_the_categoricals() -> None:
     for temperature in (1.0, 0.7):
         expected = torch.distributions.Categorical(logits=logits / temperature).entropy()
         torch.testing.assert_close(softmax_entropy(logits, temperature), expected)
+
+
+def test_entropy_defaults_are_the_installed_trls() -> None:
+    trl = pytest.importorskip("trl")
+    import dataclasses
+
+    from raptb.core.rl.grpo import GRPO
+
+    theirs = {f.name: f.default for f in dataclasses.fields(trl.GRPOConfig)}
+    ours = {f.name: f.default for f in dataclasses.fields(GRPO)}
+    names = (
+        "entropy_coef",
+        "use_adaptive_entropy",
+        "entropy_coef_min",
+        "entropy_coef_max",
+        "entropy_coef_delta",
+        "entropy_target",
+    )
+    assert {n: ours[n] for n in names} == {n: theirs[n] for n in names}
