@@ -107,9 +107,7 @@ class RLConfig(Section):
         "included (DAPO's cap; the groups still without variance then train as they are).",
         ge=1,
     )
-    pass_k: int = _trl(
-        "pass_k", "Pass@k: the k of the pass@k reward (<= num_generations; the authors' 4).", ge=1
-    )
+    pass_k: int = _trl("pass_k", "Pass@k: the k of the pass@k reward (<= num_generations).", ge=1)
     ucpo_tau: float = _trl(
         "ucpo_tau",
         "UCPO: share of the inverse-q advantages over the correct set (0: GRPO; the authors' tau).",

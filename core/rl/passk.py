@@ -80,7 +80,8 @@ def passk_advantages(rewards: Array, num_generations: int, k: int) -> tuple[Arra
 @dataclass(frozen=True)
 class PassK(GRPO):
     """GRPO with Pass@k training's closed-form advantages (``pass_k``: the k of pass@k, <=
-    num_generations; the authors' default 4). GRPO's other fields are its loss's (TRL's)."""
+    num_generations; default 4, the default of UCPO's code's pass@k estimator: the authors'
+    function takes k without a default). GRPO's other fields are its loss's (TRL's)."""
 
     name: ClassVar[str] = "passk"
     pass_k: int = 4
