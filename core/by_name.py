@@ -1,6 +1,5 @@
 """Build a loss dataclass from its registry, its name and keyword hyperparameters (the GFlowNet
-objectives of ``core.gfn.objectives``, the RL baselines of ``core.rl.objectives``), with one-line
-errors."""
+objectives of ``core.gfn.objectives``), with one-line errors."""
 
 from __future__ import annotations
 

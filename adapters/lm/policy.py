@@ -40,6 +40,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from raptb.adapters.lm.decode_mode import DecodeMode, resolve_decode
 from raptb.adapters.lm.grammar import GrammarBatch
 from raptb.adapters.lm.rollout import sample_rollout, token_log_probs
+from raptb.adapters.lm.rollout_record import softmax_entropy
 from raptb.adapters.lm.row_prompts import left_padded, row_prompt_ids
 from raptb.adapters.lm.static_decoder import StaticDecoders
 from raptb.adapters.lm.tokens import token_texts
@@ -198,6 +199,7 @@ class HFPolicy:
         length: torch.Tensor,
         hidden: bool = False,
         temperature: float = 1.0,
+        per_state: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, ...]:
         if tokens.ndim != 2:
             raise ValueError(f"tokens: expected shape [B, T], got {tuple(tokens.shape)}")
@@ -238,6 +240,10 @@ class HFPolicy:
         token_lp, stop_lp = token_log_probs(logits, next_tokens, self.stop_id, temperature)
         log_pf = torch.where(token_mask, token_lp[:, :big_t], 0.0)
         log_pterm = torch.where(prefix_mask, stop_lp, 0.0)
+        if per_state is not None:
+            values = per_state(logits)  # [B, T + 1, ...]: a value (or a vector) per state
+            mask = prefix_mask.reshape(*prefix_mask.shape, *([1] * (values.ndim - 2)))
+            return log_pf, log_pterm, torch.where(mask, values, 0.0)
         return (log_pf, log_pterm, out.hidden_states[-1]) if hidden else (log_pf, log_pterm)
 
     def score(
@@ -265,6 +271,32 @@ class HFPolicy:
             self.model, prompt, tokens, length, hidden=True, temperature=temperature
         )
         return log_pf, log_pterm, hidden
+
+    def score_with_entropy(
+        self, prompt: str, tokens: torch.Tensor, length: torch.Tensor, temperature: float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``score`` plus the entropy [B, T+1] of the full softmax of logits / ``temperature`` at
+        each prefix state 0..tau (0 after), from the same forward pass and with gradients (TRL's
+        ``entropy_from_logits`` of its GRPO entropy bonus)."""
+        return self.score_with_states(
+            prompt, tokens, length, lambda logits: softmax_entropy(logits, temperature), temperature
+        )
+
+    def score_with_states(
+        self,
+        prompt: str,
+        tokens: torch.Tensor,
+        length: torch.Tensor,
+        per_state: Callable[[torch.Tensor], torch.Tensor],
+        temperature: float = 1.0,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``score`` plus ``per_state`` of the untempered logits [B, T+1, V] at each prefix state
+        0..T (0 after each row's stop), from the same forward pass and with gradients: e.g. the
+        entropy, or the log-probs of the legal tokens and the stop."""
+        log_pf, log_pterm, values = self._forward_log_probs(
+            self.model, prompt, tokens, length, temperature=temperature, per_state=per_state
+        )
+        return log_pf, log_pterm, values
 
     @torch.no_grad()
     def reference_score(

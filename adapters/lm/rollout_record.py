@@ -62,6 +62,15 @@ def token_log_probs(
     return chosen, logits[..., stop_id] - log_norm
 
 
+def softmax_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Float32 entropy -sum_v p_v log p_v [...] of the softmax of ``logits`` [..., V] /
+    ``temperature`` over the whole vocabulary, as logsumexp(z) - sum_v p_v z_v."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+
+
 def row_temperatures(temperature: float | torch.Tensor, n: int) -> torch.Tensor:
     """The behaviour temperature of each of ``n`` rows, float32 [n] on the CPU; a float is shared
     by every row. ValueError for a wrong shape or a value that is not finite and > 0."""

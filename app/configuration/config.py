@@ -66,7 +66,8 @@ class TrainConfig(Section):
     loss: str = Field(
         DEFAULT_LOSS,
         description="Objective: tb, subtb, raptb, avg_prefix_tb, root_subtb_logz, vargrad (or "
-        "a plug-in's, core.plugins); or the RL baselines grpo, ppo ([rl] section).",
+        "a plug-in's, core.plugins); or the RL baselines grpo, ppo and GRPO's "
+        "variants dapo, passk, ucpo, and rover ([rl] section).",
     )
     model: str = Field(
         "tiny",

@@ -10,7 +10,8 @@ declares what the algorithm asks of it (``holds_log_z``, ``uses_reference``, ``g
 Entries come from three places, read once per process on the first lookup:
 
 - the built-in losses: every GFlowNet objective of ``core.gfn.objectives`` with the GFlowNet
-  algorithm, then GRPO and PPO with theirs;
+  algorithm, then GRPO and PPO with theirs, then DAPO, Pass@k and UCPO (GRPO's algorithm) and
+  ROVER;
 - the ``raptb.objectives`` entry points (core.plugins loads them): a GFlowNet objective class,
   trained by the GFlowNet algorithm;
 - the ``raptb.losses`` entry points: a :class:`Loss`, e.g. an RL loss with its own algorithm::
@@ -34,12 +35,17 @@ from raptb.core.plugins import check_class, check_named, load_group_once
 from raptb.core.registry import Registry
 from raptb.core.replay import NO_REPLAY
 from raptb.core.rl.base import RLObjective
+from raptb.core.rl.dapo import DAPO, DAPO_EPSILON_HIGH
 from raptb.core.rl.grpo import GRPO
+from raptb.core.rl.passk import PassK
 from raptb.core.rl.ppo import PPO
+from raptb.core.rl.rover import ROVER
+from raptb.core.rl.ucpo import UCPO
 
 LOSS_GROUP = "raptb.losses"
 OBJECTIVE_GROUP = "raptb.objectives"
 GFLOWNET_ALGORITHM = "raptb.app.training.algorithms.gflownet:GFlowNetAlgorithm"
+GRPO_ALGORITHM = "raptb.app.training.algorithms.grpo:GRPOAlgorithm"
 ON_POLICY: dict[str, Any] = {"replay": {"kind": NO_REPLAY}}
 """What an RL loss sets under the file and the flags (an explicit replay other than none is an
 error)."""
@@ -93,14 +99,7 @@ def _gflownet(cls: type[Objective]) -> Loss:
 
 
 _RL_BASELINES = (
-    Loss(
-        "grpo",
-        GRPO,
-        "raptb.app.training.algorithms.grpo:GRPOAlgorithm",
-        section="rl",
-        replay=False,
-        presets=ON_POLICY,
-    ),
+    Loss("grpo", GRPO, GRPO_ALGORITHM, section="rl", replay=False, presets=ON_POLICY),
     Loss(
         "ppo",
         PPO,
@@ -108,6 +107,32 @@ _RL_BASELINES = (
         section="rl",
         replay=False,
         presets={**ON_POLICY, "rl": {"temperature": PPO_TEMPERATURE}},
+    ),
+    # GRPO with DAPO's clip-higher and dynamic sampling (core.rl.dapo)
+    Loss(
+        "dapo",
+        DAPO,
+        GRPO_ALGORITHM,
+        section="rl",
+        replay=False,
+        presets={**ON_POLICY, "rl": {"epsilon_high": DAPO_EPSILON_HIGH, "filter_groups": True}},
+    ),
+    # GRPO's algorithm and loss with other advantages (core.rl.passk, core.rl.ucpo)
+    Loss("passk", PassK, GRPO_ALGORITHM, section="rl", replay=False, presets=ON_POLICY),
+    Loss("ucpo", UCPO, GRPO_ALGORITHM, section="rl", replay=False, presets=ON_POLICY),
+    # the authors' schedule, one pass of four mini-batch updates per rollout; the centred reward
+    # divided by the group's std, so that the task reward's scale (lambda S) drops out as it
+    # does for the authors' 0/1 reward (core.rl.rover)
+    Loss(
+        "rover",
+        ROVER,
+        "raptb.app.training.algorithms.rover:ROVERAlgorithm",
+        section="rl",
+        replay=False,
+        presets={
+            **ON_POLICY,
+            "rl": {"num_ppo_epochs": 1, "num_mini_batches": 4, "norm_adv_by_std_in_grpo": True},
+        },
     ),
 )
 

@@ -80,16 +80,25 @@ def rl_batch(
     *,
     value_head: ValueHead | None,
     reference: bool,
+    entropy: bool = False,
 ) -> RLBatch | None:
     """The micro-batch in the action layout: log-probs (with gradients) at the rollout's
     temperature from one teacher-forced pass, values from its last hidden states when
-    ``value_head`` is given, reference log-probs when ``reference``. None when a log-probability
-    or value is not finite."""
-    log_probs, values = score_actions(
-        policy, batch.prompt, batch.tokens, batch.length, value_head, batch.temperature
-    )
+    ``value_head`` is given, reference log-probs when ``reference``, the policy's per-state
+    entropy (with gradients, same pass; not with a value head) when ``entropy``. None when a
+    log-probability, value or entropy is not finite."""
+    entropies = None
+    if entropy:
+        log_pf, log_pterm, entropies = policy.score_with_entropy(
+            batch.prompt, batch.tokens, batch.length, batch.temperature
+        )
+        log_probs, values = action_log_probs(log_pf, log_pterm, batch.length), None
+    else:
+        log_probs, values = score_actions(
+            policy, batch.prompt, batch.tokens, batch.length, value_head, batch.temperature
+        )
     ref = reference_log_probs(policy, batch) if reference else None
-    if not all_finite(log_probs, ref, values):
+    if not all_finite(log_probs, ref, values, entropies):
         return None
     return RLBatch(
         log_probs=log_probs,
@@ -99,6 +108,7 @@ def rl_batch(
         ref_log_probs=ref,
         values=values,
         old_values=None if values is None else values.detach(),
+        entropy=entropies,
     )
 
 
@@ -133,9 +143,11 @@ def rl_loss_step(
     agree: with several processes, called once with whether this process's loss is finite; it
     returns whether every process's is, so that all skip the backward (and the step) together.
     objective_kwargs: passed to the objective (GRPO: the step's advantages and token count)."""
-    reference = objective.uses_reference
+    reference, entropy = objective.uses_reference, objective.uses_entropy
     batches = [
-        rl_batch(policy, batch, terminal, value_head=value_head, reference=reference)
+        rl_batch(
+            policy, batch, terminal, value_head=value_head, reference=reference, entropy=entropy
+        )
         for batch, terminal in parts
     ]
     loss: torch.Tensor | None = None

@@ -8,6 +8,7 @@ it on a ``core.rl.batch.RLBatch`` returns ``(loss, diagnostics)``. Its class dec
 - ``grouped``: its rows come in groups of ``num_generations`` rows of one prompt (GRPO's group
   advantages), which the configuration checks the step's rows against;
 - ``uses_reference``: whether this instance reads the reference model's log-probs (a KL term);
+- ``uses_entropy``: whether it reads the policy's per-state entropy (an entropy bonus);
 - ``config_kwargs``: its hyperparameters from a run's ``[rl]`` values (the fields it shares with
   that section; a loss may fill in a default that depends on another value, as GRPO's CISPO).
 """
@@ -32,6 +33,11 @@ class RLObjective:
     @property
     def uses_reference(self) -> bool:
         """Whether the loss reads reference log-probs; none by default."""
+        return False
+
+    @property
+    def uses_entropy(self) -> bool:
+        """Whether the loss reads the policy's per-state entropy; not by default."""
         return False
 
     @classmethod

@@ -24,7 +24,10 @@ masked actions m (TRL's normalisations):
     dapo, cispo: sum l m / (num_items_in_batch / grad_accum)    (token mean of the whole window)
     luspo      : mean_b sum_t l m                               (sequence sums)
 
-and subtracts entropy_coef * (token mean of the supplied per-state entropy). Every loss is the
+and subtracts entropy_coef * H, H the mean per-action entropy of the policy (TRL's: for
+dapo/cispo the sum of the entropies over their token normaliser, so that it adds up to the
+window's mean; for the others the micro-batch's mean); with ``use_adaptive_entropy`` the
+coefficient is the controller's of ``core.rl.entropy`` (passed in by the trainer). Every loss is the
 micro-batch loss *before* the trainer divides by its ``grad_accum``: summed over the window and
 divided by grad_accum it equals TRL's loss (dapo's normaliser carries the grad_accum for that),
 when ``num_items_in_batch`` is the generation batch's action count divided by the number of
@@ -92,6 +95,9 @@ class GRPO(RLObjective):
 
     name: ClassVar[str] = "grpo"
     grouped: ClassVar[bool] = True
+    # whether ``advantages`` reads the rows' sequence log-probs under the behaviour policy (UCPO);
+    # the algorithm then scores them (without gradients) before the step's advantages
+    reads_sequence_log_probs: ClassVar[bool] = False
     num_generations: int = 8
     scale_rewards: ScaleRewards = "group"
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"] = "dapo"
@@ -105,6 +111,11 @@ class GRPO(RLObjective):
     sapo_temperature_pos: float = 1.0
     sapo_temperature_neg: float = 1.05
     entropy_coef: float = 0.0
+    use_adaptive_entropy: bool = False
+    entropy_coef_min: float = 0.0
+    entropy_coef_max: float = 1.0
+    entropy_coef_delta: float = 0.005
+    entropy_target: float = 0.2
 
     def __post_init__(self) -> None:
         n = self.num_generations
@@ -130,6 +141,14 @@ class GRPO(RLObjective):
         check_range("sapo_temperature_pos", self.sapo_temperature_pos, 0.0, math.inf, True)
         check_range("sapo_temperature_neg", self.sapo_temperature_neg, 0.0, math.inf, True)
         check_range("entropy_coef", self.entropy_coef, 0.0, math.inf)
+        check_range("entropy_coef_min", self.entropy_coef_min, 0.0, math.inf)
+        check_range("entropy_coef_max", self.entropy_coef_max, self.entropy_coef_min, math.inf)
+        check_range("entropy_coef_delta", self.entropy_coef_delta, 0.0, math.inf)
+        check_range("entropy_target", self.entropy_target, 0.0, math.inf)
+        if not isinstance(self.use_adaptive_entropy, bool):
+            raise ValueError(
+                f"use_adaptive_entropy: must be a bool, got {self.use_adaptive_entropy!r}"
+            )
         m = self.max_completion_length
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
             raise ValueError(f"max_completion_length: must be None or an integer >= 1, got {m!r}")
@@ -151,6 +170,46 @@ class GRPO(RLObjective):
         """The k3 KL penalty reads the reference when beta != 0."""
         return self.beta != 0.0
 
+    def _token_normaliser(
+        self, mask: Array, num_items_in_batch: float | None, grad_accum: int
+    ) -> Array | float:
+        """dapo/cispo's divisor: the window's action count over grad_accum (TRL's
+        ``num_items_in_batch`` per process), or this micro-batch's count without it."""
+        if num_items_in_batch is None:
+            return mask.sum()  # >= 1: every row has its stop action
+        return max(float(num_items_in_batch), 1.0) / grad_accum
+
+    def _entropy_bonus(
+        self,
+        batch: RLBatch,
+        entropy_mean: Array,
+        num_items_in_batch: float | None,
+        grad_accum: int,
+    ) -> Array:
+        """TRL's entropy term: the mean per-action entropy whatever the loss type, so that over
+        the step it adds up to the window's mean. dapo/cispo: sum H m over their token
+        normaliser; the others: this micro-batch's mean (the trainer divides by grad_accum)."""
+        if self.loss_type not in ("dapo", "cispo"):
+            return entropy_mean
+        mask = batch.xp.astype(batch.action_mask, batch.log_probs.dtype)
+        total = batch.xp.sum(batch.masked(batch.entropy) * mask)
+        return total / self._token_normaliser(mask, num_items_in_batch, grad_accum)
+
+    def advantages(
+        self, rewards: Array, sequence_log_probs: Array | None = None, lengths: Array | None = None
+    ) -> tuple[Array, Array]:
+        """Advantages [B] of ``rewards`` [B] (whole groups of num_generations rows) and the std
+        [B] each was divided by; a subclass may read each row's ``sequence_log_probs`` [B] (sum
+        of the behaviour log-probs of its actions) and ``lengths`` [B] (its action count, tau + 1),
+        given when it sets ``reads_sequence_log_probs``."""
+        return group_advantages(rewards, self.num_generations, self.scale_rewards)
+
+    @property
+    def uses_entropy(self) -> bool:
+        """The entropy bonus reads the per-state entropy: a static entropy_coef != 0, or the
+        adaptive control (whose coefficient may come back from 0), as TRL's."""
+        return self.entropy_coef != 0.0 or self.use_adaptive_entropy
+
     @property
     def epsilon_low(self) -> float:
         return self.epsilon
@@ -167,6 +226,7 @@ class GRPO(RLObjective):
         num_items_in_batch: float | None = None,
         grad_accum: int = 1,
         advantages: tuple[Array, Array] | None = None,
+        entropy_coef: float | None = None,
     ) -> tuple[Array, Diagnostics]:
         """Loss and detached diagnostics of one micro-batch.
 
@@ -175,18 +235,24 @@ class GRPO(RLObjective):
         read it, and without it they use this micro-batch's count (then equal to bnpo).
         ``advantages``: (advantages [B], the std [B] each was divided by) of these rows, computed
         over the whole generation batch; None: from this batch's rewards, which must then hold
-        whole groups. ``batch.ref_log_probs`` is required when beta != 0, ``batch.entropy`` when
-        entropy_coef != 0.
+        whole groups. ``entropy_coef``: the coefficient of the entropy bonus in this call (the
+        adaptive controller's, ``core.rl.entropy``); None: the field's. ``batch.ref_log_probs`` is
+        required when beta != 0, ``batch.entropy`` when ``uses_entropy``.
         """
         xp = batch.xp
         if self.beta != 0.0 and batch.ref_log_probs is None:
             raise ValueError("GRPO with beta != 0 needs ref_log_probs (the reference model)")
-        if self.entropy_coef != 0.0 and batch.entropy is None:
-            raise ValueError("GRPO with entropy_coef != 0 needs the per-state entropy")
+        if self.uses_entropy and batch.entropy is None:
+            raise ValueError(
+                "GRPO with entropy_coef != 0 or use_adaptive_entropy needs the per-state entropy"
+            )
         mask = xp.astype(batch.action_mask, batch.log_probs.dtype)
         rewards = stop_gradient(batch.rewards)
         if advantages is None:
-            adv_flat, std = group_advantages(rewards, self.num_generations, self.scale_rewards)
+            old = batch.masked(stop_gradient(batch.old_log_probs))
+            adv_flat, std = self.advantages(
+                rewards, xp.sum(old * mask, axis=1), xp.sum(mask, axis=1)
+            )
         else:
             adv_flat, std = (stop_gradient(a) for a in advantages)
         adv = adv_flat[:, None]
@@ -240,11 +306,9 @@ class GRPO(RLObjective):
             width = self.max_completion_length or batch.num_actions
             loss = xp.sum(masked_loss) / float(b * width)
         elif self.loss_type in ("dapo", "cispo"):
-            if num_items_in_batch is None:
-                normaliser = xp.sum(mask)  # >= 1: every row has its stop action
-            else:
-                normaliser = max(float(num_items_in_batch), 1.0) / grad_accum
-            loss = xp.sum(masked_loss) / normaliser
+            loss = xp.sum(masked_loss) / self._token_normaliser(
+                mask, num_items_in_batch, grad_accum
+            )
         else:  # luspo
             loss = xp.mean(xp.sum(masked_loss, axis=1))
         policy_loss = loss
@@ -252,8 +316,11 @@ class GRPO(RLObjective):
         entropy_mean = None
         if batch.entropy is not None:
             entropy_mean = masked_mean(batch.entropy, batch.action_mask)
-            if self.entropy_coef != 0.0:
-                loss = loss - self.entropy_coef * entropy_mean
+            coef = self.entropy_coef if entropy_coef is None else entropy_coef
+            if self.uses_entropy and coef != 0.0:
+                loss = loss - coef * self._entropy_bonus(
+                    batch, entropy_mean, num_items_in_batch, grad_accum
+                )
 
         nan = float("nan")
         if self.loss_type in CLIP_LOSS_TYPES:

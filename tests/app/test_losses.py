@@ -23,7 +23,7 @@ def test_each_loss_reads_its_section_and_presets():
     with pytest.raises(ConfigError, match="rows_per_prompt 6 must each be a multiple"):
         build_config(overrides={"loss": "grpo", "optim.rows_per_prompt": 6})  # grouped
     assert build_config(overrides={"loss": "ppo", "optim.rows_per_prompt": 6})  # not grouped
-    assert list(LOSSES)[-2:] == ["grpo", "ppo"]
+    assert list(LOSSES)[-6:] == ["grpo", "ppo", "dapo", "passk", "ucpo", "rover"]
 
 
 @pytest.mark.parametrize(
@@ -37,3 +37,20 @@ def test_each_loss_reads_its_section_and_presets():
 def test_an_inconsistent_entry_is_refused(arguments, message):
     with pytest.raises(ValueError, match=message):
         Loss(*arguments)
+
+
+def test_grpo_variants_read_the_rl_section_and_presets():
+    from raptb.core.rl.dapo import DAPO
+    from raptb.core.rl.passk import PassK
+    from raptb.core.rl.ucpo import UCPO
+
+    dapo = build_config(overrides={"loss": "dapo"})
+    assert (dapo.replay.kind, dapo.rl.epsilon_high, dapo.rl.filter_groups) == ("none", 0.28, True)
+    assert dapo.build_objective() == DAPO(epsilon_high=0.28)
+    passk = build_config(overrides={"loss": "passk", "rl.pass_k": 2})
+    assert passk.build_objective() == PassK(pass_k=2)
+    ucpo = build_config(overrides={"loss": "ucpo", "rl.ucpo_tau": 0.5})
+    assert ucpo.build_objective() == UCPO(ucpo_tau=0.5)
+    assert UCPO.reads_sequence_log_probs and not PassK.reads_sequence_log_probs
+    with pytest.raises(ConfigError, match="ucpo_tau"):
+        build_config(overrides={"loss": "ucpo", "rl.ucpo_tau": 1.5})

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from raptb.core.rl.batch import RLBatch
 from raptb.core.rl.grpo import GRPO, LOSS_TYPES
-from raptb.core.rl.objectives import rl_objective_by_name, rl_objective_hyperparameters
 from raptb.core.rl.ppo import PPO
 from tests.core import rl_reference as ref
 
@@ -302,14 +301,10 @@ def test_inputs_needed_and_registry():
         GRPO(num_generations=1)
     with pytest.raises(ValueError, match="loss_type"):
         GRPO(loss_type="vespo")
-    with pytest.raises(ValueError, match="unknown RL objective"):
-        rl_objective_by_name("a2c")
-    with pytest.raises(ValueError, match="does not take kl_coef"):
-        rl_objective_by_name("grpo", kl_coef=0.1)
-    assert "num_generations" in rl_objective_hyperparameters("grpo")
-    assert "cliprange_value" in rl_objective_hyperparameters("ppo")
+    with pytest.raises(TypeError, match="kl_coef"):
+        GRPO(kl_coef=0.1)  # PPO's knob
     # TRL's defaults
-    g = rl_objective_by_name("grpo")
+    g = GRPO()
     assert (g.num_generations, g.loss_type, g.scale_rewards, g.beta, g.epsilon) == (
         8,
         "dapo",
@@ -317,7 +312,7 @@ def test_inputs_needed_and_registry():
         0.0,
         0.2,
     )
-    p = rl_objective_by_name("ppo")
+    p = PPO()
     assert (p.cliprange, p.cliprange_value, p.vf_coef, p.kl_coef, p.gamma, p.lam) == (
         0.2,
         0.2,

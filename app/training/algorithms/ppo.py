@@ -9,22 +9,22 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
-
 from raptb.adapters.lm.value_head import ValueHead
 from raptb.app.training.algorithm import Loop
-from raptb.app.training.algorithms.rl_rollout import RLAlgorithm, RLStats, rl_record
-from raptb.app.training.micro_batch import combine_micro_batch
+from raptb.app.training.algorithms.rl_rollout import RLAlgorithm
 from raptb.app.training.ppo_update import (
     PPORollout,
     disable_dropout,
     fixed_rollout,
     mini_batch_loss,
-    mini_batches,
     step_targets,
 )
-from raptb.app.training.step import LossResult
-from raptb.app.training.training_error import TrainingError
+from raptb.app.training.update_schedule import (
+    check_mini_batches,
+    counted_rollout,
+    mini_batch_updates,
+    update_record,
+)
 from raptb.core.rl.ppo import PPO
 
 
@@ -36,16 +36,8 @@ class PPOAlgorithm(RLAlgorithm):
 
     def __init__(self, loop: Loop) -> None:
         super().__init__(loop)
-        cfg = loop.cfg
-        rows = cfg.optim.grad_accum * loop.rank_batch
-        if rows % cfg.rl.num_mini_batches:
-            raise TrainingError(
-                f"each of the {loop.dist.world_size} processes trains on {rows} rows per step "
-                f"(grad_accum x its share of batch_size), not a multiple of "
-                f"rl.num_mini_batches {cfg.rl.num_mini_batches}: change rl.num_mini_batches, "
-                "optim.batch_size, optim.grad_accum or the number of processes"
-            )
-        self.objective = cfg.build_objective()
+        check_mini_batches(loop)
+        self.objective = loop.cfg.build_objective()
         disable_dropout(loop.policy.model)
         hidden_size = int(loop.policy.model.config.hidden_size)
         self.value_head = ValueHead(hidden_size, dropout=0.0).to(loop.policy.device)
@@ -66,20 +58,12 @@ class PPOAlgorithm(RLAlgorithm):
         None, with every process skipping together, when a rollout quantity or a loss is not
         finite (the optimizer steps already taken in this update stay)."""
         loop, objective, value_head = self.loop, self.objective, self.value_head
-        cfg = loop.cfg
         loop.policy.model.train()
         value_head.train()
         start = time.perf_counter()
         rollout = self._on_policy_rows()
         # the step's rollout over all processes: what the record and unique_correct count
-        seen = combine_micro_batch(
-            loop.dist,
-            LossResult(0.0, {}),
-            rollout.correct,
-            rollout.on_policy,
-            rewards=rollout.rewards,
-        )
-        loop.correct_seen.update(seen.correct)
+        seen = counted_rollout(loop, rollout)
         reference = objective.uses_reference
         # old log-probs and values micro-batch by micro-batch (memory), a prompt per forward
         fixed = [
@@ -92,32 +76,15 @@ class PPOAlgorithm(RLAlgorithm):
             return None
         targets = step_targets(objective, kept)
         rows = sum(f.rows for f in kept)
-        passes: list[LossResult] = []
-        for _ in range(cfg.rl.num_ppo_epochs):
-            for mini_batch in mini_batches(loop.rng, rows, cfg.rl.num_mini_batches):
-                loop.optimizer.zero_grad(set_to_none=True)
-                # optimizer steps follow inside the update: agree before each backward
-                agree = loop.dist.all_true if loop.dist.world_size > 1 else None
-                result = mini_batch_loss(
-                    loop.policy, objective, value_head, kept, targets, mini_batch, agree
-                )
-                if result is None:  # on every process alike: mini_batch_loss agreed on it
-                    loop.optimizer.zero_grad(set_to_none=True)
-                    return None
-                loop.apply_gradients()
-                passes.append(result)
-        mean = LossResult(
-            float(np.mean([p.loss for p in passes])),
-            {k: float(np.mean([p.diagnostics[k] for p in passes])) for k in passes[0].diagnostics},
+        # optimizer steps follow inside the update: agree before each backward
+        agree = loop.dist.all_true if loop.dist.world_size > 1 else None
+        passes = mini_batch_updates(
+            loop,
+            rows,
+            lambda mini_batch: mini_batch_loss(
+                loop.policy, objective, value_head, kept, targets, mini_batch, agree
+            ),
         )
-        losses = combine_micro_batch(loop.dist, mean, [], 0)  # averaged over processes
-        stats = RLStats(
-            loss=losses.loss,
-            diagnostics=losses.diagnostics,
-            on_policy=seen.on_policy,
-            hits=len(seen.correct),
-            rewards=seen.rewards,
-        )
-        record = rl_record(loop, [stats], [stats], time.perf_counter() - start)
-        record["ppo_updates"] = len(passes)
-        return record
+        if passes is None:  # on every process alike: mini_batch_loss agreed on it
+            return None
+        return update_record(loop, seen, passes, time.perf_counter() - start, "ppo_updates")

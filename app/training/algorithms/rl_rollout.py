@@ -29,15 +29,19 @@ from raptb.core.rl.base import RLObjective
 @dataclass(frozen=True)
 class OnPolicyRows:
     """The step's rows on this process: pieces of one prompt each (app.training.step_batch), the
-    terminal reward [b] of each piece's rows, and the successful on-policy texts."""
+    terminal reward [b] of each piece's rows, and the successful on-policy texts (of the rows
+    ``discarded`` too)."""
 
     pieces: tuple[Trajectories, ...]
     terminal: tuple[torch.Tensor, ...]
     correct: list[str]
+    # rows sampled then left out of the step (GRPO's dynamic sampling), counted for Acc with
+    # their successful texts in ``correct``
+    discarded: int = 0
 
     @property
     def on_policy(self) -> int:
-        return sum(len(piece.on_policy) for piece in self.pieces)
+        return sum(len(piece.on_policy) for piece in self.pieces) + self.discarded
 
     @property
     def rewards(self) -> list[float]:
@@ -73,14 +77,21 @@ def on_policy_rows(loop: Loop) -> OnPolicyRows:
     # to the grammar mask
     plan = on_policy_plan(prompts, cfg.rl.temperature, loop.rng)
     step = collect_step(loop.policy, loop.task, plan, own, generator=loop.generator)
+    return scored_rows(loop, step.pieces)
+
+
+def scored_rows(loop: Loop, pieces: Sequence[Trajectories]) -> OnPolicyRows:
+    """``pieces`` of on-policy rows with the terminal reward each row is judged by and their
+    successful texts."""
+    cfg = loop.cfg
     weights = loop.reward_schedule.at(loop.step)  # lambda and T_R schedules apply here too
     kappa = weights.kappa if cfg.rl.reward == "log_r" else 0.0
     terminal, correct = [], []
-    for piece in step.pieces:
+    for piece in pieces:
         rewards = reward(loop.scorer, loop.policy, piece, kappa, weights.scale)
         correct += correct_texts(loop.task, piece, rewards, loop.spec)
         terminal.append(sequence_rewards(rewards, piece.length, cfg.rl.reward))
-    return OnPolicyRows(step.pieces, tuple(terminal), correct)
+    return OnPolicyRows(tuple(pieces), tuple(terminal), correct)
 
 
 class RLAlgorithm:
