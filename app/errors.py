@@ -28,7 +28,7 @@ from raptb.app.reward.calls import RewardFailure
 from raptb.app.run_dir.checkpoint import CheckpointError
 from raptb.app.run_dir.resume import RunMismatch
 from raptb.app.run_dir.run_lock import RunLocked
-from raptb.app.training.train import TrainingError
+from raptb.app.training.training_error import TrainingError
 from raptb.core.plugins import PluginError
 
 DEBUG_FLAG = "--debug"

@@ -40,7 +40,7 @@ import torch
 from raptb.adapters.lm.exact import exact_log_probs
 from raptb.adapters.tasks.expr24.task import Expr24Task, enumerate_solutions
 from raptb.app.configuration.sections import TinyConfig
-from raptb.app.runtime import build_policy
+from raptb.app.task_and_policy import build_policy
 
 EVAL_N = 6400
 

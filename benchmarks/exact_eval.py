@@ -22,7 +22,7 @@ import torch
 
 from raptb.adapters.lm.exact import exact_log_probs
 from raptb.adapters.tasks.expr24.task import Expr24Task, enumerate_solutions
-from raptb.app.runtime import build_policy
+from raptb.app.task_and_policy import build_policy
 
 BASELINE_ROWS = 4096
 

@@ -71,7 +71,7 @@ from raptb.adapters.lm.grammar import GrammarBatch, packed_width, unpack_bitmask
 from raptb.adapters.lm.policy import HFPolicy
 from raptb.adapters.lm.rollout import Rollout, sample_rollout
 from raptb.app.configuration.config import build_config
-from raptb.app.runtime import build_policy, build_task
+from raptb.app.task_and_policy import build_policy, build_task
 from raptb.core.ports import Task
 
 DECODES = ("eager", "static")

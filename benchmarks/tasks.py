@@ -41,7 +41,7 @@ from train_step import STEP_PARTS, timed_optimizer_step
 
 from raptb.app.configuration.config import build_config
 from raptb.app.reward.prefix import PrefixScorer
-from raptb.app.runtime import build_task
+from raptb.app.task_and_policy import build_task
 from raptb.app.training.step import sample_trajectories
 from raptb.app.training.train import Trainer
 

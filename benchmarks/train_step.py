@@ -54,10 +54,11 @@ import torch
 
 from raptb.adapters.lm.policy import HFPolicy
 from raptb.app.configuration.config import build_config
-from raptb.app.training.mix_schedule import Mix
-from raptb.app.training.replay_items import new_items
+from raptb.app.training.gflownet.mix_schedule import Mix
+from raptb.app.training.gflownet.replay_items import new_items
+from raptb.app.training.gflownet.row_plan import plan_rows
 from raptb.app.training.step import loss_step, reward, sample_trajectories
-from raptb.app.training.step_batch import collect_step, micro_batches, plan_rows
+from raptb.app.training.step_batch import collect_step, micro_batches
 from raptb.app.training.train import Trainer
 
 # Every micro-batch on-policy at temperature 1, no oracle: the path every sampled batch takes.

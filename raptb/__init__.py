@@ -56,8 +56,8 @@ _EXPORTS = {
     "Trainer": "raptb.app.training.train",
     "Loss": "raptb.app.configuration.losses",
     "Algorithm": "raptb.app.training.algorithm",
-    "RLTrainer": "raptb.app.training.trainers",
-    "make_trainer": "raptb.app.training.trainers",
+    "RLTrainer": "raptb.deprecated",
+    "make_trainer": "raptb.deprecated",
     "evaluate": "raptb.app.evaluation.evaluate",
 }
 __all__ = ["__version__", *_EXPORTS]

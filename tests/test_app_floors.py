@@ -4,7 +4,7 @@ lower floor.
 
 - 0 the bottom, importing nothing of app: ``configuration`` and ``parent_death.py``;
 - 1 what the use cases share: ``run_dir``, ``distribution``, ``reward`` (the per-prefix reward of
-  training and evaluation) and ``runtime.py`` (the run's task and policy);
+  training and evaluation) and ``task_and_policy.py`` (the run's task and policy);
 - 2 the use cases: ``training``, ``evaluation``, ``study``;
 - 3 the command line: ``cli.py``, ``entry.py``, ``errors.py``, one part.
 
@@ -27,7 +27,7 @@ FLOORS: dict[str, int] = {
     "run_dir": 1,
     "distribution": 1,
     "reward": 1,
-    "runtime": 1,
+    "task_and_policy": 1,
     "training": 2,
     "evaluation": 2,
     "study": 2,
@@ -104,4 +104,45 @@ def test_the_floor_checker_lists_upward_and_sideways_imports():
         " (training, floor 2): a higher floor",
         "raptb.app.reward.prefix (reward, floor 1) imports raptb.app.run_dir.durable"
         " (run_dir, floor 1): the same floor",
+    ]
+
+
+TRAINING = APP + ".training"
+FAMILIES = (TRAINING + ".gflownet", TRAINING + ".rl")
+
+
+def family_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from a module at app/training/'s root (the loop and the shared step layer)
+    of a module in one of its families' folders, or from one family of the other, one line
+    each."""
+    bad = []
+    for module, targets in sorted(graph.items()):
+        if not module.startswith(TRAINING + ".") or module == TRAINING:
+            continue
+        mine = next((f for f in FAMILIES if module.startswith(f + ".") or module == f), None)
+        for target in sorted(targets):
+            theirs = next((f for f in FAMILIES if target.startswith(f + ".") or target == f), None)
+            if theirs is not None and theirs != mine:
+                bad.append(f"{module} imports {target}")
+    return bad
+
+
+def test_the_shared_training_layer_imports_no_family_and_stays_small():
+    graph = app_graph()
+    assert "raptb.app.training.gflownet.mix_schedule" in graph[TRAINING + ".gflownet.row_plan"]
+    bad = family_imports(graph)
+    assert bad == [], "\n".join(bad)
+    root = [m for m in graph if m.rpartition(".")[0] == TRAINING and m not in FAMILIES]
+    assert len(root) <= 10, sorted(root)
+
+
+def test_the_family_checker_lists_a_shared_module_reaching_into_a_family():
+    graph = {
+        TRAINING + ".step_batch": {TRAINING + ".gflownet.mix_schedule", TRAINING + ".step"},
+        TRAINING + ".rl.grpo": {TRAINING + ".step", TRAINING + ".gflownet.replay_items"},
+        TRAINING + ".gflownet.algorithm": {TRAINING + ".gflownet.row_plan"},
+    }
+    assert family_imports(graph) == [
+        f"{TRAINING}.rl.grpo imports {TRAINING}.gflownet.replay_items",
+        f"{TRAINING}.step_batch imports {TRAINING}.gflownet.mix_schedule",
     ]

@@ -38,3 +38,28 @@ def test_the_trl_trainers_example_trains(tmp_path: Path, monkeypatch: pytest.Mon
     trainer = done["trainer"]
     assert trainer.state.global_step == 2 and trainer.buffer is not None and len(trainer.buffer)
     assert len(example(GFlowNetTrainer).strip().splitlines()) <= 15
+
+
+def test_the_trainers_example_trains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import raptb
+
+    done = run_example(raptb.Trainer, tmp_path, monkeypatch)
+    assert done["result"].step == 2
+    assert (tmp_path / "runs" / "example" / "checkpoints" / "step-000002").is_dir()
+    assert len(example(raptb.Trainer).strip().splitlines()) <= 6
+
+
+def test_the_loss_example_is_a_loss_that_trains_with_its_own_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import raptb
+    from raptb.app.configuration.losses import LOSSES
+
+    done = run_example(raptb.Loss, tmp_path, monkeypatch)
+    LOSSES.lookup("grpo")  # the built-in entries first
+    monkeypatch.setattr(LOSSES, "_entries", dict(LOSSES._entries))
+    LOSSES.register(done["LOSS"])
+    small = {"steps": 2, "optim.batch_size": 8, "threads": 1, "rl.num_generations": 4}
+    config = raptb.build_config(overrides={"loss": "tight_grpo", **small})
+    assert config.build_objective().epsilon == 0.05
+    assert raptb.Trainer(config, tmp_path / "run", progress=False).train().step == 2

@@ -52,7 +52,7 @@ def token_log_probs(
     Gathers then subtracts the log-normaliser instead of materialising the full log-softmax, and is
     shared by rollout and rescoring so both round the same way. The GFlowNet objectives score the
     untempered softmax (temperature 1, no division); the RL baselines score their sampling
-    temperature's, as TRL does (``app.training.rl_step``).
+    temperature's, as TRL does (``app.training.rl.rl_step``).
     """
     logits = logits.float()
     if temperature != 1.0:

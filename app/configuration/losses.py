@@ -44,8 +44,8 @@ from raptb.core.rl.ucpo import UCPO
 
 LOSS_GROUP = "raptb.losses"
 OBJECTIVE_GROUP = "raptb.objectives"
-GFLOWNET_ALGORITHM = "raptb.app.training.algorithms.gflownet:GFlowNetAlgorithm"
-GRPO_ALGORITHM = "raptb.app.training.algorithms.grpo:GRPOAlgorithm"
+GFLOWNET_ALGORITHM = "raptb.app.training.gflownet.algorithm:GFlowNetAlgorithm"
+GRPO_ALGORITHM = "raptb.app.training.rl.grpo:GRPOAlgorithm"
 ON_POLICY: dict[str, Any] = {"replay": {"kind": NO_REPLAY}}
 """What an RL loss sets under the file and the flags (an explicit replay other than none is an
 error)."""
@@ -63,6 +63,24 @@ class Loss:
         section: the config section its hyperparameters come from, ``[objective]`` or ``[rl]``.
         replay: whether it trains on a replay buffer; without, only replay ``none`` is valid.
         presets: config values it sets under the file and the flags (nested, as a TOML file).
+
+    Example: a plug-in's RL loss, GRPO with a tighter clip (its own default holds unless the file
+    or a flag sets ``rl.epsilon``), trained by GRPO's algorithm; a package declares it as
+    ``[project.entry-points."raptb.losses"] tight_grpo = "mypkg.loss:LOSS"``::
+
+        from dataclasses import dataclass
+        from typing import ClassVar
+
+        import raptb
+        from raptb.core.rl.grpo import GRPO
+
+        @dataclass(frozen=True)
+        class TightGRPO(GRPO):
+            name: ClassVar[str] = "tight_grpo"
+            epsilon: float = 0.05
+
+        LOSS = raptb.Loss("tight_grpo", TightGRPO, "raptb.app.training.rl.grpo:GRPOAlgorithm",
+                          section="rl", replay=False, presets={"replay": {"kind": "none"}})
     """
 
     name: str
@@ -103,7 +121,7 @@ _RL_BASELINES = (
     Loss(
         "ppo",
         PPO,
-        "raptb.app.training.algorithms.ppo:PPOAlgorithm",
+        "raptb.app.training.rl.ppo:PPOAlgorithm",
         section="rl",
         replay=False,
         presets={**ON_POLICY, "rl": {"temperature": PPO_TEMPERATURE}},
@@ -126,7 +144,7 @@ _RL_BASELINES = (
     Loss(
         "rover",
         ROVER,
-        "raptb.app.training.algorithms.rover:ROVERAlgorithm",
+        "raptb.app.training.rl.rover:ROVERAlgorithm",
         section="rl",
         replay=False,
         presets={

@@ -1,5 +1,5 @@
 """The ``[rl]`` section of a run's configuration: the reward-maximising baselines PPO and GRPO
-(``--loss ppo|grpo``, app.training.algorithms.grpo and .ppo), GRPO's variants (``--loss
+(``--loss ppo|grpo``, app.training.rl.grpo and .ppo), GRPO's variants (``--loss
 dapo|passk|ucpo``) and ROVER (``--loss rover``) with TRL's names (or the authors' where TRL has
 none), their defaults read from core's dataclasses so that each is written once. What each RL
 loss sets under the file and the flags is its entry's in app.configuration.losses.
@@ -94,7 +94,7 @@ class RLConfig(Section):
         "GRPO: target mean per-action entropy (nats) of the adaptive control.",
         ge=0,
     )
-    # DAPO's dynamic sampling, an option of GRPO's algorithm (app.training.algorithms
+    # DAPO's dynamic sampling, an option of GRPO's algorithm (app.training.rl
     # .dynamic_sampling); the DAPO authors' names (verl's algorithm.filter_groups), not core's
     filter_groups: bool = Field(
         False,
@@ -135,7 +135,7 @@ class RLConfig(Section):
     gamma: float = _trl("gamma", "PPO: discount.", ge=0, le=1)
     lam: float = _trl("lam", "PPO: GAE lambda.", ge=0, le=1)
     whiten_rewards: bool = _trl("whiten_rewards", "PPO: whiten the token rewards.")
-    # TRL's PPOConfig defaults; the update schedule (app.training.ppo_update), not the loss's, so
+    # TRL's PPOConfig defaults; the update schedule (app.training.rl.ppo_update), not the loss's, so
     # not core's
     num_ppo_epochs: int = Field(
         4,

@@ -14,7 +14,7 @@ from raptb.adapters.lm.policy import HFPolicy
 from raptb.app.configuration.config import TrainConfig, load_config
 from raptb.app.run_dir.checkpoint import MODEL_DIR, CheckpointError, newest_usable
 from raptb.app.run_dir.run_config import CONFIG_FILE
-from raptb.app.runtime import build_policy
+from raptb.app.task_and_policy import build_policy
 from raptb.core.ports import Task
 
 METRICS_FILE = "metrics.json"

@@ -22,7 +22,7 @@ from raptb.adapters.lm.policy import HFPolicy
 from raptb.adapters.tasks.registry import TaskSpec
 from raptb.app.distribution.distributed import DistContext, sampling_seed
 from raptb.app.reward.prefix import PrefixScorer
-from raptb.app.runtime import pad_rows
+from raptb.app.task_and_policy import pad_rows
 from raptb.core.ports import Task
 
 

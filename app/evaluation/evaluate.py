@@ -79,7 +79,7 @@ from raptb.app.run_dir.eval_folder import eval_dir
 from raptb.app.run_dir.run_config import CONFIG_FILE
 from raptb.app.run_dir.run_log import log_path
 from raptb.app.run_dir.trackers import Trackers
-from raptb.app.runtime import build_policy, build_task
+from raptb.app.task_and_policy import build_policy, build_task
 from raptb.core.ports import Task
 
 SAMPLES_FILE = "samples.jsonl"

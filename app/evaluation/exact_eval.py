@@ -43,7 +43,7 @@ from raptb.app.evaluation.plots import plot_exact_diversity
 from raptb.app.run_dir.checkpoint import checkpoint_step
 from raptb.app.run_dir.durable import write_atomically
 from raptb.app.run_dir.eval_folder import eval_dir
-from raptb.app.runtime import build_task
+from raptb.app.task_and_policy import build_task
 from raptb.core.metrics.exact import compare_with_sampled, exact_metrics
 from raptb.core.ports import Task
 

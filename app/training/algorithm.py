@@ -3,16 +3,16 @@ read of the loop.
 
 The loop (``app.training.train.Trainer``) owns what every run shares: the task and its spec, the
 policy, the reward calls and prefix scorer, the reward schedule, the optimizer (the policy's
-parameter group first), the step counter, the shared and per-rank RNG streams, the successful texts
-seen, checkpoints, the metrics log, stop signals, non-finite handling, and gradient averaging,
-clipping and application. An algorithm (``app.training.algorithms``: the GFlowNet objectives, GRPO,
-PPO; one module each) owns its step's work (its rollout, its loss call on a micro-batch, its
-record: the loop's ``accumulate`` runs the micro-batches, combines them over ranks and applies or
-skips the update), its own trainable state and its parameter groups (logZ
-for the GFlowNet, the value head for PPO), the fields of its metrics record and what it adds to a
-checkpoint. A new algorithm is one module with a class of this shape, named by its loss's entry in
-app.configuration.losses (``Loss.algorithm``, a plug-in's through the ``raptb.losses`` entry
-points).
+parameter group first), the step counter, the shared and per-rank RNG streams, the successful
+texts seen, checkpoints, the metrics log, stop signals, non-finite handling, and gradient
+averaging, clipping and application. An algorithm (``app.training.gflownet.algorithm`` for the
+GFlowNet objectives; ``app.training.rl``'s ``grpo``, ``ppo`` and ``rover``) owns its step's work
+(its rollout, its loss call on a micro-batch, its record: the loop's ``accumulate`` runs the
+micro-batches, combines them over ranks and applies or skips the update), its own trainable
+state and its parameter groups (logZ for the GFlowNet, the value head for PPO), the fields of
+its metrics record and what it adds to a checkpoint. A new algorithm is one module with a class
+of this shape, named by its loss's entry in app.configuration.losses (``Loss.algorithm``, a
+plug-in's through the ``raptb.losses`` entry points).
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ and the seed only, never on how R is split into micro-batches (the split is a me
   row is drawn from the buffer as it stands at the step's start; otherwise it is on-policy at
   temperature 1, or with probability low_temp_prob at a temperature drawn uniformly from
   [T_lo, T_hi]; with Oracle replay an on-policy row is replaced by an oracle solution with
-  probability p_oracle x oracle_fraction, when the oracle holds the prompt (``plan_rows``). The
+  probability p_oracle x oracle_fraction, when the oracle holds the prompt (``plan_rows``, in
+  app.training.gflownet.row_plan; the RL losses' rows are all on-policy, ``on_policy_plan``). The
   shared RNG draws three uniforms and one temperature per row, whatever is used, then the buffer
   and oracle draws prompt by prompt;
 - all on-policy rows of the step are rolled out together, in one ``policy.sample`` call with
@@ -34,11 +35,10 @@ import torch
 
 from raptb.adapters.lm.policy import HFPolicy
 from raptb.adapters.lm.rollout import RolloutTimings
-from raptb.app.runtime import pad_rows
-from raptb.app.training.mix_schedule import Mix
+from raptb.app.task_and_policy import pad_rows
 from raptb.app.training.step import Trajectories
 from raptb.core.ports import Task
-from raptb.core.replay import ReplayBuffer, ReplayItem
+from raptb.core.replay import ReplayItem
 
 SAMPLED, ORACLE, REPLAYED = 0, 1, 2
 """A row's kind in ``RowPlan.kind``, in the order a prompt's pieces are laid out."""
@@ -66,34 +66,6 @@ class RowPlan:
     items: dict[int, ReplayItem]
 
 
-def plan_rows(
-    prompts: Sequence[str],
-    mix: Mix,
-    *,
-    buffer: ReplayBuffer | None,
-    oracle: ReplayBuffer | None,
-    rng: np.random.Generator,
-) -> RowPlan:
-    """Each row's behaviour and its buffer or oracle item (see the module docstring); ``rng``
-    (shared by all processes) draws every choice, in this order."""
-    n = len(prompts)
-    u_replay, u_temp, u_oracle = rng.random(n), rng.random(n), rng.random(n)
-    drawn_temp = rng.uniform(mix.temp_lo, mix.temp_hi, n)
-    replayed = _holds(buffer, prompts) & (u_replay < mix.p_replay)
-    spliced = _holds(oracle, prompts) & ~replayed & (u_oracle < mix.p_oracle * mix.oracle_fraction)
-    kind = np.full(n, SAMPLED, dtype=np.int8)
-    kind[spliced], kind[replayed] = ORACLE, REPLAYED
-    temperature = np.where(u_temp < mix.low_temp_prob, drawn_temp, 1.0)
-    temperature[kind != SAMPLED] = 1.0
-    items: dict[int, ReplayItem] = {}
-    for source, which in ((buffer, REPLAYED), (oracle, ORACLE)):
-        for prompt in dict.fromkeys(prompts):
-            rows = [r for r in range(n) if kind[r] == which and prompts[r] == prompt]
-            if rows and source is not None:
-                items.update(zip(rows, source.sample(len(rows), rng, prompt), strict=True))
-    return RowPlan(tuple(prompts), kind, temperature, items)
-
-
 def on_policy_plan(prompts: Sequence[str], temperature: float, rng: np.random.Generator) -> RowPlan:
     """Every row sampled by the policy at ``temperature`` (the RL baselines: no replay, no
     oracle). ``rng`` (shared by all processes) takes the four draws per row that ``plan_rows``
@@ -103,12 +75,6 @@ def on_policy_plan(prompts: Sequence[str], temperature: float, rng: np.random.Ge
     rng.random(4 * n)
     kind = np.full(n, SAMPLED, dtype=np.int8)
     return RowPlan(tuple(prompts), kind, np.full(n, float(temperature)), {})
-
-
-def _holds(buffer: ReplayBuffer | None, prompts: Sequence[str]) -> np.ndarray:
-    """bool [R]: whether ``buffer`` holds items for each row's prompt (False without a buffer)."""
-    stored = set() if buffer is None else set(buffer.prompts())
-    return np.array([p in stored for p in prompts], dtype=bool)
 
 
 @dataclass(frozen=True)

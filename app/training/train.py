@@ -40,7 +40,7 @@ from raptb.app.run_dir.resume import check_steps
 from raptb.app.run_dir.run_config import CONFIG_FILE, save_config
 from raptb.app.run_dir.run_log import cut_log, log_path
 from raptb.app.run_dir.trackers import Trackers
-from raptb.app.runtime import build_policy, build_task
+from raptb.app.task_and_policy import build_policy, build_task
 from raptb.app.training.algorithm import Algorithm
 from raptb.app.training.micro_batch import (
     MicroBatch,
@@ -77,7 +77,16 @@ class TrainResult:
 
 
 class Trainer:
-    """Trains one run described by a ``TrainConfig`` into ``run_dir``."""
+    """Trains one run described by a ``TrainConfig`` into ``run_dir``, for any ``loss``.
+
+    Example (the embedded model; a few seconds on a laptop CPU)::
+
+        import raptb
+
+        config = raptb.build_config(overrides={"steps": 2, "optim.batch_size": 8, "threads": 1})
+        result = raptb.Trainer(config, "runs/example", progress=False).train()
+        print(result.step, result.checkpoint)  # 2 runs/example/checkpoints/step-000002
+    """
 
     def __init__(
         self,
@@ -89,6 +98,24 @@ class Trainer:
         console: Console | None = None,
         dist: DistContext | None = None,
     ) -> None:
+        """The composition root of a run: every part is built here, once, in this order, and the
+        loop and the algorithm read them as attributes (app.training.algorithm.Loop lists them).
+
+        1. the process group (``dist``) and this rank's share of the batch;
+        2. the checkpoint to resume from (rank 0 chooses, every rank loads the same one);
+        3. the task (``build_task``) and the task-constrained policy (``build_policy``: model,
+           tokenizer, grammar, LoRA), from the seed;
+        4. the reward: the task's score behind a caller (workers, failure counting), the
+           per-prefix scorer with its cache, and the reward schedule;
+        5. the shared RNG of the step plans, the step counter and the run's counters;
+        6. the algorithm the loss's registry entry names, built on this trainer (its objective,
+           logZ or value head, replay buffer), and the frozen reference when it needs one;
+        7. weights from the checkpoint, activation checkpointing and FSDP sharding, in that
+           order;
+        8. AdamW over the policy's trainable parameters and the algorithm's own groups;
+        9. the per-rank sampling streams, the stop request (Ctrl-C/SIGTERM), and the trainer
+           state from the checkpoint (optimizer, RNGs, buffer, counters).
+        """
         self.started = monotonic()  # the start of ``time_limit``
         self.cfg = config
         self.dist = (

@@ -3,7 +3,7 @@ GPU, SMILES preset, LoRA r16, bf16, 128 rows per optimizer step.
 
 The model is initialised on the device directly in bf16 (``train_step.random_llama``): nothing is
 written to disk and no float32 copy exists, so a 32B shape needs its 64 GB of weights and no
-more. It reaches the trainer through the model loader (``raptb.app.runtime``'s
+more. It reaches the trainer through the model loader (``raptb.app.task_and_policy``'s
 ``load_model_and_tokenizer``, patched in this process only for the name ``random:SHAPE``). Per
 shape: the step split with activation checkpointing off and on (micro-batches of 32), then the
 largest micro-batch (128, 64, 32, 16, 8 rows) whose step runs without running out of memory.
@@ -25,7 +25,7 @@ def _use_random_models(ctx: StageContext) -> None:
     from train_step import random_llama
     from transformers import AutoTokenizer
 
-    import raptb.app.runtime as runtime
+    import raptb.app.task_and_policy as runtime
 
     original = runtime.load_model_and_tokenizer
 

@@ -7,7 +7,7 @@ https://arxiv.org/abs/2503.14476) as a preset of GRPO, ``--loss dapo``: the obje
 is GRPO's loss with TRL's ``loss_type = "dapo"`` (the token-level mean over the generation batch),
 clip-higher (``epsilon`` 0.2, ``epsilon_high`` 0.28, the paper's) and no KL (``beta`` 0); the
 constraint is the dynamic sampling of GRPO's algorithm (``rl.filter_groups``,
-app.training.algorithms.dynamic_sampling). Its loss entry (app.configuration.losses) presets the
+app.training.rl.dynamic_sampling). Its loss entry (app.configuration.losses) presets the
 clip-higher and the dynamic sampling under the file and the flags. DAPO's overlong reward shaping
 is not used: a rollout's length is capped by the task's grammar, never truncated.
 """

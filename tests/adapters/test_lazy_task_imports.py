@@ -26,7 +26,7 @@ after_lookups = imported()
 
 # building and using the tasks brings their libraries in (the check can see an import)
 from raptb.app.configuration.config import build_config
-from raptb.app.runtime import build_task
+from raptb.app.task_and_policy import build_task
 smiles = build_task(build_config(overrides={{"task": "smiles"}}))
 smiles.score(smiles.prompts()[0], "C")
 commongen = build_task(build_config(overrides={{"task": "commongen"}}))

@@ -30,10 +30,11 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from raptb.adapters.tasks.registry import task_spec
 from raptb.app.configuration.config import build_config
 from raptb.app.distribution.distributed import DistContext
+from raptb.app.training.gflownet.mix_schedule import Mix
+from raptb.app.training.gflownet.row_plan import plan_rows
 from raptb.app.training.micro_batch import combine_micro_batch
-from raptb.app.training.mix_schedule import Mix
 from raptb.app.training.step import LossResult, Trajectories, sample_trajectories
-from raptb.app.training.step_batch import RowPlan, StepBatch, plan_rows
+from raptb.app.training.step_batch import RowPlan, StepBatch
 from raptb.app.training.train import Trainer
 from raptb.core.replay import ReplayItem, make_buffer, replay_kwargs
 

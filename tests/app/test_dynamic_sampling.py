@@ -1,4 +1,4 @@
-"""DAPO's dynamic sampling in GRPO's algorithm (app.training.algorithms.dynamic_sampling): the
+"""DAPO's dynamic sampling in GRPO's algorithm (app.training.rl.dynamic_sampling): the
 zero-variance groups are refilled in place by fresh groups of their prompt, round after round up
 to the cap, every sampled row counted for Acc; and a short run logs it."""
 
@@ -10,12 +10,12 @@ from types import SimpleNamespace
 
 import torch
 
-from raptb.app.training.algorithms import dynamic_sampling
-from raptb.app.training.algorithms.dynamic_sampling import (
+from raptb.app.training.rl import dynamic_sampling
+from raptb.app.training.rl.dynamic_sampling import (
     refill_zero_variance_groups,
     zero_variance_groups,
 )
-from raptb.app.training.algorithms.rl_rollout import OnPolicyRows
+from raptb.app.training.rl.rollout import OnPolicyRows
 from raptb.app.training.step import Trajectories
 from raptb.app.training.train import Trainer
 from tests.app.test_train import small_config

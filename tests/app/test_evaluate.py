@@ -29,7 +29,7 @@ from raptb.app.configuration.config import RewardConfig, TrainConfig
 from raptb.app.evaluation.eval_run import EvalError
 from raptb.app.evaluation.evaluate import evaluate
 from raptb.app.run_dir.run_config import save_config
-from raptb.app.runtime import build_policy, pad_rows
+from raptb.app.task_and_policy import build_policy, pad_rows
 from tests.core.test_vendi import authors_score_k, set_jaccard
 
 torch.set_num_threads(1)

@@ -28,7 +28,7 @@ from raptb.app.evaluation.eval_run import EvalError
 from raptb.app.evaluation.evaluate import evaluate
 from raptb.app.evaluation.exact_eval import EXACT_FILE, exact_evaluate, exact_task_metrics
 from raptb.app.run_dir.run_config import save_config
-from raptb.app.runtime import build_policy
+from raptb.app.task_and_policy import build_policy
 
 torch.set_num_threads(1)
 CHECKPOINT = "step-000004"

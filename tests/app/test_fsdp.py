@@ -23,7 +23,7 @@ from raptb.adapters.lm.models import build_char_tokenizer, build_tiny_model
 from raptb.app.configuration.config import build_config
 from raptb.app.distribution.distributed import DistContext
 from raptb.app.distribution.sharding import ShardingPlan, plan_from_accelerate, shard_model
-from raptb.app.runtime import build_policy, build_task
+from raptb.app.task_and_policy import build_policy, build_task
 from tests.app.distributed_worker import (
     FSDP_ENV,
     cli,

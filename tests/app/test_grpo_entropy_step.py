@@ -1,4 +1,4 @@
-"""GRPO's entropy bonus through a training step (app.training.algorithms.grpo): the step's
+"""GRPO's entropy bonus through a training step (app.training.rl.grpo): the step's
 gradient is TRL's dapo step loss minus the coefficient times the window's mean per-action entropy
 (tests/core/authors_reference.py), the coefficient static or the adaptive controller's (0 on the
 first step, then moved by entropy_coef_delta); the entropy is the full softmax's at the rollout's

@@ -1,4 +1,4 @@
-"""GRPO over an optimizer step as TRL's over one generation batch (app.training.algorithms.grpo).
+"""GRPO over an optimizer step as TRL's over one generation batch (app.training.rl.grpo).
 
 On one fixed rollout of 32 rows, 4 prompts of 8, whose answer lengths and reward scales depend
 on the prompt (the case where per-micro-batch normalisation differs most), the step's gradient
@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import torch
 
-from raptb.app.training.algorithms.rl_rollout import OnPolicyRows
+from raptb.app.training.rl.rollout import OnPolicyRows
 from raptb.app.training.step import Trajectories
 from raptb.app.training.train import Trainer
 from raptb.core.rl.batch import action_log_probs

@@ -1,4 +1,4 @@
-"""Pass@k and UCPO trained by GRPO's algorithm (app.training.algorithms.grpo): the step's gradient
+"""Pass@k and UCPO trained by GRPO's algorithm (app.training.rl.grpo): the step's gradient
 on a fixed rollout is TRL's dapo loss on the advantages of the authors' lines
 (tests/core/authors_reference.py), UCPO's read from the rows' sequence log-probs the algorithm
 scores before the step (at the rollout's temperature, without gradients)."""

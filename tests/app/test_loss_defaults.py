@@ -42,7 +42,7 @@ def plug_in_losses(monkeypatch: pytest.MonkeyPatch) -> None:
         Loss(
             "tight_grpo",
             TightGRPO,
-            "raptb.app.training.algorithms.grpo:GRPOAlgorithm",
+            "raptb.app.training.rl.grpo:GRPOAlgorithm",
             section="rl",
             replay=False,
             presets={"replay": {"kind": "none"}},

@@ -211,7 +211,7 @@ LOSS = Loss(
 )
 '''
 RL_ALGORITHM = '''
-from raptb.app.training.algorithms.grpo import GRPOAlgorithm
+from raptb.app.training.rl.grpo import GRPOAlgorithm
 
 
 class HalfGRPOAlgorithm(GRPOAlgorithm):

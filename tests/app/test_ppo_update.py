@@ -1,4 +1,4 @@
-"""PPO on TRL's update schedule (app.training.ppo_update): the one-epoch case equals the
+"""PPO on TRL's update schedule (app.training.rl.ppo_update): the one-epoch case equals the
 single-pass step, later passes see the updated policy, one optimizer step per mini-batch,
 mini-batches partition the rows, whole-step advantages, and the one-line error for rows that do not
 split."""
@@ -12,13 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-import raptb.app.training.algorithms.rl_rollout as rl_rollout
+import raptb.app.training.rl.rollout as rl_rollout
 from raptb.app.cli import app
 from raptb.app.configuration.config import ConfigError, build_config
-from raptb.app.training.algorithms.rl_rollout import RLStats, rl_record
 from raptb.app.training.micro_batch import step_result
-from raptb.app.training.ppo_update import PPORollout, mini_batches, step_targets
-from raptb.app.training.rl_step import rl_loss_step
+from raptb.app.training.rl.ppo_update import PPORollout, mini_batches, step_targets
+from raptb.app.training.rl.rl_step import rl_loss_step
+from raptb.app.training.rl.rollout import RLStats, rl_record
 from raptb.app.training.step import Trajectories
 from raptb.app.training.train import Trainer, TrainingError
 from raptb.core.rl.ppo import PPO

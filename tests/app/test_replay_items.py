@@ -9,8 +9,8 @@ from raptb.adapters.tasks.expr24.task import Expr24Task
 from raptb.adapters.tasks.registry import task_spec
 from raptb.adapters.tasks.smiles.task import SmilesTask
 from raptb.app.reward.prefix import PrefixScorer, ScoredRows
-from raptb.app.runtime import build_policy
-from raptb.app.training.replay_items import replay_items
+from raptb.app.task_and_policy import build_policy
+from raptb.app.training.gflownet.replay_items import replay_items
 from raptb.core.ports import Score
 from raptb.core.replay import make_buffer, replay_kwargs
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-import raptb.app.training.algorithms.rl_rollout as rl_rollout
+import raptb.app.training.rl.rollout as rl_rollout
 from raptb.app.configuration.config import ConfigError, build_config
 from raptb.app.configuration.reference import default_text
 from raptb.app.training.step import Trajectories

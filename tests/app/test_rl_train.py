@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 from raptb.app.cli import app
 from raptb.app.configuration.config import ConfigError, build_config
 from raptb.app.run_dir.checkpoint import _seal as seal
-from raptb.app.training.algorithms.grpo import GRPOAlgorithm
-from raptb.app.training.algorithms.ppo import PPOAlgorithm
-from raptb.app.training.rl_step import rl_loss_step, sequence_rewards
+from raptb.app.training.rl.grpo import GRPOAlgorithm
+from raptb.app.training.rl.ppo import PPOAlgorithm
+from raptb.app.training.rl.rl_step import rl_loss_step, sequence_rewards
 from raptb.app.training.step import Rewards, sample_trajectories
 from raptb.app.training.train import Trainer
 from raptb.core.rl.batch import RLBatch
@@ -227,7 +227,7 @@ def test_smiles_grpo_smoke(tmp_path):
 
 def test_rl_rewards_follow_the_reward_schedules(tmp_path, monkeypatch):
     # lambda 5 -> 20 and T_R 2 -> 1 over 3 steps: step t's task reward weight is lambda(t) / T_R(t)
-    import raptb.app.training.algorithms.rl_rollout as rl_rollout
+    import raptb.app.training.rl.rollout as rl_rollout
 
     seen: list[float] = []
 

@@ -1,4 +1,4 @@
-"""ROVER's training (app.training.algorithms.rover) on the embedded Expr24 model: the prefix
+"""ROVER's training (app.training.rl.rover) on the embedded Expr24 model: the prefix
 tree's children of each state by hand (adapters.lm.tree_actions), and a mini-batch update after
 the policy has moved, against the authors' lines (tests/core/authors_reference.py) fed with the
 old and current quantities computed here independently."""

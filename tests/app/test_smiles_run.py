@@ -20,7 +20,7 @@ from raptb.app.cli import app
 from raptb.app.configuration.config import build_config
 from raptb.app.reward.calls import RewardCaller
 from raptb.app.reward.prefix import PrefixScorer
-from raptb.app.runtime import build_policy
+from raptb.app.task_and_policy import build_policy
 from raptb.app.training.train import Trainer
 from raptb.core.ports import Score
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from raptb.app.configuration.config import build_config
-from raptb.app.training import replay_setup
+from raptb.app.training.gflownet import replay_setup
 from raptb.app.training.step_batch import ORACLE, REPLAYED, SAMPLED
 from raptb.app.training.train import Trainer
 

@@ -14,8 +14,8 @@ from raptb.adapters.tasks.expr24.task import SCORE_CACHE_LIMIT, Expr24Task
 from raptb.adapters.tasks.smiles.task import SmilesTask
 from raptb.app.configuration.config import build_config
 from raptb.app.reward.prefix import DEFAULT_SCORE_CACHE_SIZE, PrefixScorer, ScoreCache
-from raptb.app.runtime import build_policy, pad_rows
-from raptb.app.training.replay_items import new_items
+from raptb.app.task_and_policy import build_policy, pad_rows
+from raptb.app.training.gflownet.replay_items import new_items
 from raptb.app.training.step import correct_texts, reward, sample_trajectories
 from raptb.app.training.step_batch import stored_rows
 from raptb.app.training.train import Trainer

@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 
 from raptb.adapters.tasks.expr24.task import Expr24Task
 from raptb.app.reward.prefix import PrefixScorer
-from raptb.app.runtime import build_policy, pad_rows
-from raptb.app.training.mix_schedule import Mix
-from raptb.app.training.replay_items import new_items, replay_items
+from raptb.app.task_and_policy import build_policy, pad_rows
+from raptb.app.training.gflownet.mix_schedule import Mix
+from raptb.app.training.gflownet.replay_items import new_items, replay_items
+from raptb.app.training.gflownet.row_plan import plan_rows
 from raptb.app.training.step import reward, sample_trajectories
 from raptb.app.training.step_batch import (
     ORACLE,
@@ -21,7 +22,6 @@ from raptb.app.training.step_batch import (
     SAMPLED,
     collect_step,
     micro_batches,
-    plan_rows,
     step_prompts,
 )
 from raptb.core.replay import make_buffer
@@ -130,7 +130,7 @@ def test_the_on_policy_plan_is_a_plan_without_replay_drawing_as_plan_rows_does(s
     """The RL baselines' plan (no behaviour mix) against plan_rows with a mix that never replays
     nor splices, at the one-point temperature range [T, T]: the same rows, temperatures and
     kinds, and the shared stream left at the same place (what PPO's shuffles read next)."""
-    from raptb.app.training.mix_schedule import Mix
+    from raptb.app.training.gflownet.mix_schedule import Mix
     from raptb.app.training.step_batch import on_policy_plan
 
     draw = np.random.default_rng(seed)

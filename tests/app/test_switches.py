@@ -18,9 +18,9 @@ from raptb.app.cli import app
 from raptb.app.configuration.config import ConfigError, TrainConfig, build_config
 from raptb.app.reward.prefix import PrefixScorer
 from raptb.app.reward.schedule import RewardSchedule
-from raptb.app.runtime import build_policy
+from raptb.app.task_and_policy import build_policy
 from raptb.app.training import train_command
-from raptb.app.training.replay_items import new_items
+from raptb.app.training.gflownet.replay_items import new_items
 from raptb.app.training.step import reward, sample_trajectories
 from raptb.app.training.step_batch import stored_rows
 from raptb.app.training.train import TrainResult

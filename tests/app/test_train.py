@@ -90,7 +90,7 @@ def test_oracle_buffer_holds_the_enumerated_solutions(tmp_path):
 
 def test_every_loss_entry_names_an_algorithm_of_the_loops_shape():
     from raptb.app.configuration.losses import LOSSES
-    from raptb.app.training.algorithms.gflownet import GFlowNetAlgorithm
+    from raptb.app.training.gflownet.algorithm import GFlowNetAlgorithm
 
     assert set(OBJECTIVES) | {"grpo", "ppo", "dapo", "passk", "ucpo", "rover"} <= set(LOSSES)
     for name, loss in LOSSES.items():

@@ -1,4 +1,4 @@
-"""What the RL baselines share (app.training.algorithms.grpo, app.training.algorithms.ppo): the
+"""What the RL baselines share (app.training.rl.grpo, app.training.rl.ppo): the
 on-policy rollout of a step's rows with the terminal reward each row is judged by, the reference
 rule, and the metrics record under TRL's names.
 
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from raptb.app.training.algorithm import Loop
-from raptb.app.training.rl_step import sequence_rewards
+from raptb.app.training.rl.rl_step import sequence_rewards
 from raptb.app.training.step import Trajectories, correct_texts, reward
 from raptb.app.training.step_batch import collect_step, micro_batches, on_policy_plan
 from raptb.core.rl.base import RLObjective
@@ -73,7 +73,7 @@ def on_policy_rows(loop: Loop) -> OnPolicyRows:
     cfg = loop.cfg
     own, prompts = loop.step_rows()
     # every row on-policy at rl.temperature (TRL's per-method default), at which
-    # app.training.rl_step scores log pi as TRL does: the sampling policy is the trained one up
+    # app.training.rl.rl_step scores log pi as TRL does: the sampling policy is the trained one up
     # to the grammar mask
     plan = on_policy_plan(prompts, cfg.rl.temperature, loop.rng)
     step = collect_step(loop.policy, loop.task, plan, own, generator=loop.generator)

@@ -1,6 +1,6 @@
 """Replay items from scored rows: what a step adds to the buffer (the on-policy rows, with
-their log-rewards) and what seeds it (app.training.replay_setup: Oracle's enumerated solutions),
-each with the task's replay validity, static score and item features."""
+their log-rewards) and what seeds it (app.training.gflownet.replay_setup: Oracle's enumerated
+solutions), each with the task's replay validity, static score and item features."""
 
 from __future__ import annotations
 

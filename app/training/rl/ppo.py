@@ -1,8 +1,9 @@
-"""PPO (``--loss ppo``), as TRL's: one logged step is one PPO update (app.training.ppo_update): the
-step's rows are fixed micro-batch by micro-batch (old log-probs, values, advantages), then
-``rl.num_ppo_epochs`` x ``rl.num_mini_batches`` optimizer steps train on them, with dropout off
-in the policy and the value head. The value head sits on the policy's last hidden states, is
-trained at the policy's learning rate without weight decay, and is saved in ``trainer.pt``."""
+"""PPO (``--loss ppo``), as TRL's: one logged step is one PPO update
+(app.training.rl.ppo_update): the step's rows are fixed micro-batch by micro-batch (old
+log-probs, values, advantages), then ``rl.num_ppo_epochs`` x ``rl.num_mini_batches`` optimizer
+steps train on them, with dropout off in the policy and the value head. The value head sits on
+the policy's last hidden states, is trained at the policy's learning rate without weight decay,
+and is saved in ``trainer.pt``."""
 
 from __future__ import annotations
 
@@ -11,15 +12,15 @@ from typing import Any
 
 from raptb.adapters.lm.value_head import ValueHead
 from raptb.app.training.algorithm import Loop
-from raptb.app.training.algorithms.rl_rollout import RLAlgorithm
-from raptb.app.training.ppo_update import (
+from raptb.app.training.rl.ppo_update import (
     PPORollout,
     disable_dropout,
     fixed_rollout,
     mini_batch_loss,
     step_targets,
 )
-from raptb.app.training.update_schedule import (
+from raptb.app.training.rl.rollout import RLAlgorithm
+from raptb.app.training.rl.update_schedule import (
     check_mini_batches,
     counted_rollout,
     mini_batch_updates,

@@ -2,7 +2,7 @@
 step's rows, fixes what the targets compare against (the old action log-probs and the old mean
 log-prob over each state's actions, micro-batch by micro-batch, without gradient; the group-
 centred rewards), then ``rl.num_ppo_epochs`` passes of ``rl.num_mini_batches`` shuffled
-mini-batches take one optimizer step each (app.training.ppo_update's ``mini_batches``), as the
+mini-batches take one optimizer step each (app.training.rl.ppo_update's ``mini_batches``), as the
 authors' trainer takes several mini-batch updates per rollout (their Countdown run: one epoch of
 four). Each mini-batch's rows are scored one part (a micro-batch's rows of one prompt) at a time;
 each part's loss (a masked mean over its actions) is weighted by its share of the mini-batch's
@@ -27,16 +27,16 @@ from raptb.adapters.lm.tree_actions import (
     vocabulary_mean_log_prob,
 )
 from raptb.app.training.algorithm import Loop
-from raptb.app.training.algorithms.rl_rollout import RLAlgorithm
-from raptb.app.training.ppo_update import disable_dropout
-from raptb.app.training.rl_step import all_finite
-from raptb.app.training.step import LossResult, Trajectories, agreed_finite
-from raptb.app.training.update_schedule import (
+from raptb.app.training.rl.ppo_update import disable_dropout
+from raptb.app.training.rl.rl_step import all_finite
+from raptb.app.training.rl.rollout import RLAlgorithm
+from raptb.app.training.rl.update_schedule import (
     check_mini_batches,
     counted_rollout,
     mini_batch_updates,
     update_record,
 )
+from raptb.app.training.step import LossResult, Trajectories, agreed_finite
 from raptb.core.rl.batch import RLBatch, action_log_probs
 from raptb.core.rl.rover import ROVER, mean_over_actions, rover_rewards
 

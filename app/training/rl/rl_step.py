@@ -11,7 +11,7 @@ For GRPO a prompt's rows are consecutive groups of num_generations (``core.rl.gr
 GRPO takes one optimisation pass per rollout (TRL's ``num_iterations = 1``): the old log-probs
 are the current ones detached, so every ratio is 1 in value while its gradient is that of log pi,
 exactly as TRL computes it without a second pass. PPO's several passes per rollout are
-``app.training.ppo_update``'s, built on ``score_actions`` and ``reference_log_probs`` here. The
+``app.training.rl.ppo_update``'s, built on ``score_actions`` and ``reference_log_probs`` here. The
 policy's log pi, old and current, and the reference's are the model's full softmax of logits / T at
 the rollout's temperature T (``rl.temperature``), as TRL scores GRPO's and PPO's log-probs; the
 GFlowNet objectives score T = 1 whatever they sampled at.

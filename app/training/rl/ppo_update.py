@@ -32,7 +32,7 @@ from torch.nn import functional
 
 from raptb.adapters.lm.policy import HFPolicy
 from raptb.adapters.lm.value_head import ValueHead
-from raptb.app.training.rl_step import all_finite, reference_log_probs, score_actions
+from raptb.app.training.rl.rl_step import all_finite, reference_log_probs, score_actions
 from raptb.app.training.step import LossResult, Trajectories, agreed_finite
 from raptb.core.rl.batch import RLBatch
 from raptb.core.rl.ppo import PPO, Targets

@@ -1,7 +1,7 @@
 """GRPO (``--loss grpo``), as TRL's: one optimizer step per logged step over one generation batch
 (the step's batch_size x grad_accum rows): advantages over all its rows (every process's:
 ``scale_rewards = "batch"`` divides by their std), dapo/cispo normalised by all its actions, the
-loss accumulated over micro-batches of batch_size rows (app.training.rl_step). The advantages are
+loss accumulated over micro-batches of batch_size rows (app.training.rl.rl_step). The advantages are
 the objective's (``GRPO.advantages``): GRPO's group normalisation, or a subclass's (Pass@k's,
 UCPO's, which also reads each row's sequence log-prob). With ``rl.filter_groups`` the groups whose
 rewards are all equal are refilled first (DAPO's dynamic sampling, .dynamic_sampling)."""
@@ -14,14 +14,14 @@ from typing import Any
 import torch
 
 from raptb.app.training.algorithm import Loop
-from raptb.app.training.algorithms.dynamic_sampling import refill_zero_variance_groups
-from raptb.app.training.algorithms.rl_rollout import (
+from raptb.app.training.rl.dynamic_sampling import refill_zero_variance_groups
+from raptb.app.training.rl.rl_step import rl_loss_step, score_actions
+from raptb.app.training.rl.rollout import (
     OnPolicyRows,
     RLAlgorithm,
     RLStats,
     rl_record,
 )
-from raptb.app.training.rl_step import rl_loss_step, score_actions
 from raptb.app.training.step import LossResult, Trajectories
 from raptb.core.rl.entropy import AdaptiveEntropy
 from raptb.core.rl.grpo import GRPO

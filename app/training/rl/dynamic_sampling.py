@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from raptb.app.training.algorithm import Loop
-from raptb.app.training.algorithms.rl_rollout import OnPolicyRows, scored_rows
+from raptb.app.training.rl.rollout import OnPolicyRows, scored_rows
 from raptb.app.training.step import Trajectories
 from raptb.app.training.step_batch import SAMPLED, RowPlan, collect_step
 

@@ -7,7 +7,7 @@ from raptb.adapters.lm.policy import HFPolicy
 from raptb.adapters.tasks.registry import task_spec
 from raptb.app.configuration.config import ConfigError, TrainConfig
 from raptb.app.reward.prefix import PrefixScorer
-from raptb.app.training.replay_items import replay_items
+from raptb.app.training.gflownet.replay_items import replay_items
 from raptb.core.ports import Task
 from raptb.core.replay import NO_REPLAY, ReplayBuffer, ReplayItem, buffer_class, make_buffer
 

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from raptb.app.training.algorithm import Loop
-from raptb.app.training.algorithms.rl_rollout import OnPolicyRows, RLStats, rl_record
 from raptb.app.training.micro_batch import MicroBatchTotals, combine_micro_batch
-from raptb.app.training.ppo_update import mini_batches
+from raptb.app.training.rl.ppo_update import mini_batches
+from raptb.app.training.rl.rollout import OnPolicyRows, RLStats, rl_record
 from raptb.app.training.step import LossResult
 from raptb.app.training.training_error import TrainingError
 

@@ -17,6 +17,25 @@ temperature is scheduled (then they are scored again, through the cache); when k
 reference term kappa log P_ref is recomputed from the frozen reference model for every row.
 
 logZ is a float32 scalar in its own AdamW parameter group with its own learning rate.
+
+Reading one optimizer step, in call order (``GFlowNetAlgorithm.optimizer_step`` below)::
+
+    train.py           Trainer.train -> _optimizer_step -> algorithm.optimizer_step
+    gflownet/          _collect: Trainer.step_rows (this rank's rows, every row's prompt)
+      row_plan.py        plan_rows(prompts, mix_schedule.MixSchedule.at(step), buffer, oracle)
+    step_batch.py        collect_step: one policy.sample of the sampled rows, stored rows
+                         (step_batch.stored_rows) for the replayed and oracle ones
+    step.py            reward (task scores u, through the cache) and with_prior (kappa log P_ref)
+                       of each piece; correct_texts for the log
+    step_batch.py      micro_batches: this rank's rows in micro-batches of batch_size
+    gflownet/
+      replay_items.py  new_items: the on-policy rows as replay items
+    train.py           Trainer.accumulate: per micro-batch the loss below, then
+      step.py            loss_step: teacher-forced forward (adapters.lm.policy), the objective
+                         (core.gfn.objectives) on the PrefixBatch, backward
+      micro_batch.py   combine_micro_batch: losses, texts, items over ranks
+    train.py           Trainer.apply_gradients: average over ranks, clip, AdamW step
+    gflownet/          buffer.add(items) (core.replay), then _step_record: the metrics line
 """
 
 from __future__ import annotations
@@ -29,10 +48,11 @@ import torch
 
 from raptb.adapters.lm.policy import to_prefix_batch
 from raptb.app.training.algorithm import Loop
+from raptb.app.training.gflownet.mix_schedule import MixSchedule
+from raptb.app.training.gflownet.replay_items import new_items
+from raptb.app.training.gflownet.replay_setup import build_buffer
+from raptb.app.training.gflownet.row_plan import plan_rows
 from raptb.app.training.micro_batch import MicroBatchTotals
-from raptb.app.training.mix_schedule import MixSchedule
-from raptb.app.training.replay_items import new_items
-from raptb.app.training.replay_setup import build_buffer
 from raptb.app.training.step import (
     LossResult,
     Rewards,
@@ -50,7 +70,6 @@ from raptb.app.training.step_batch import (
     StepBatch,
     collect_step,
     micro_batches,
-    plan_rows,
 )
 from raptb.core.gfn.objectives import Objective, partial_residuals
 
