@@ -38,15 +38,11 @@ Equation numbers are the paper's (its equations are numbered through the appendi
 Sec. 3.3's SubTB loss, eq. 13 the AvgPrefixTB baseline of appendix B, eqs. 21 and 29 the prefix
 residual and the final RapTB loss of appendix F, "Derivations and Objective Details").
 
-References:
-
-- the paper: Wang, Lu and Wang, "Rooted Absorbed Prefix Trajectory Balance with Submodular
-  Replay for GFlowNet Training", ICML 2026 (no arXiv version; eqs. 3, 13, 21, 29 above);
-- TB: Malkin et al. 2022, https://arxiv.org/abs/2201.13259;
-- SubTB: Madan et al. 2023, https://arxiv.org/abs/2209.12782; its LLM form: Hu et al. 2024,
-  https://arxiv.org/abs/2310.04363;
-- VarGrad: Richter et al. 2020, https://arxiv.org/abs/2010.10436; as a logZ-free GFlowNet loss
-  (the log-partition variance loss), Zhang et al., "Robust Scheduling with GFlowNets", ICLR 2023.
+References: the paper, Wang, Lu and Wang, ICML 2026 (no arXiv version); TB, Malkin et al. 2022,
+https://arxiv.org/abs/2201.13259; SubTB, Madan et al. 2023, https://arxiv.org/abs/2209.12782, in
+its LLM form Hu et al. 2024, https://arxiv.org/abs/2310.04363; VarGrad, Richter et al. 2020,
+https://arxiv.org/abs/2010.10436, as a GFlowNet loss Zhang et al., ICLR 2023 ("Robust Scheduling
+with GFlowNets", the log-partition variance loss).
 """
 
 from __future__ import annotations
