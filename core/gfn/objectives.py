@@ -34,10 +34,8 @@ per-trajectory loss and a dict of detached float diagnostics.
 
 ``log_z`` is a scalar (python float or 0-d array) or a [B] array (prompt-conditioned logZ).
 
-Equation numbers are the paper's (its equations are numbered through the appendix: eq. 3 is
-Sec. 3.3's SubTB loss, eq. 13 the AvgPrefixTB baseline of appendix B, eqs. 21 and 29 the prefix
-residual and the final RapTB loss of appendix F, "Derivations and Objective Details").
-
+Equation numbers are the paper's (numbered through the appendix: eq. 3 Sec. 3.3's SubTB loss,
+eq. 13 appendix B's AvgPrefixTB, eqs. 21 and 29 appendix F's prefix residual and RapTB loss).
 References: the paper, Wang, Lu and Wang, ICML 2026 (no arXiv version); TB, Malkin et al. 2022,
 https://arxiv.org/abs/2201.13259; SubTB, Madan et al. 2023, https://arxiv.org/abs/2209.12782, in
 its LLM form Hu et al. 2024, https://arxiv.org/abs/2310.04363; VarGrad, Richter et al. 2020,
