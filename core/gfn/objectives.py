@@ -39,8 +39,7 @@ eq. 13 appendix B's AvgPrefixTB, eqs. 21 and 29 appendix F's prefix residual and
 References: the paper, Wang, Lu and Wang, ICML 2026 (no arXiv version); TB, Malkin et al. 2022,
 https://arxiv.org/abs/2201.13259; SubTB, Madan et al. 2023, https://arxiv.org/abs/2209.12782, in
 its LLM form Hu et al. 2024, https://arxiv.org/abs/2310.04363; VarGrad, Richter et al. 2020,
-https://arxiv.org/abs/2010.10436, as a GFlowNet loss Zhang et al., ICLR 2023 ("Robust Scheduling
-with GFlowNets", the log-partition variance loss).
+https://arxiv.org/abs/2010.10436, as a GFlowNet loss Zhang et al., ICLR 2023 (Robust Scheduling).
 """
 
 from __future__ import annotations
