@@ -113,20 +113,21 @@ def measure(seed: int, threads: int, warmup: int, steps: int) -> dict[str, Any]:
     algorithm.buffer.add = _timed(spent, "buffer refresh", algorithm.buffer.add)
     trainer.apply_gradients = _timed(spent, "clip + AdamW", trainer.apply_gradients)
 
-    def step() -> float:
-        tic = time.perf_counter()
+    def step() -> tuple[float, float]:
+        tic, cpu = time.perf_counter(), time.process_time()
         if trainer._optimizer_step() is not None:
             trainer.step += 1
-        return time.perf_counter() - tic
+        return time.perf_counter() - tic, time.process_time() - cpu
 
     for _ in range(warmup):
         step()
     per_stage: dict[str, list[float]] = defaultdict(list)
-    totals = []
+    totals, cpu_totals = [], []
     for _ in range(steps):
         spent.clear()
-        total = step()
+        total, cpu = step()
         totals.append(total)
+        cpu_totals.append(cpu)
         for stage in STAGES[:-1]:
             per_stage[stage].append(spent[stage])
         per_stage["other"].append(total - sum(spent.values()))
@@ -137,6 +138,7 @@ def measure(seed: int, threads: int, warmup: int, steps: int) -> dict[str, Any]:
         "warmup": warmup,
         "seconds": sum(totals),
         "steps_per_s": steps / sum(totals),
+        "steps_per_cpu_s": steps / sum(cpu_totals),
         "median_ms": {s: 1000 * statistics.median(per_stage[s]) for s in STAGES},
         "median_step_ms": 1000 * statistics.median(totals),
     }
