@@ -15,10 +15,15 @@ reward (task scores), the rescoring forward (``policy.score``), objective + back
 Usage (from the repository root):
 
     python benchmarks/step_speed.py profile [--steps 100 --warmup 30 --threads 1]
+    python benchmarks/step_speed.py floor [--rolled-out 40 --steps 100]
     python benchmarks/step_speed.py ab --base-python /work/venv-base/bin/python \
         --base-root /work/wt-base [--rounds 3 --threads 1 0]
 
-``profile`` prints one JSON record (median ms per stage, steps/s). ``ab`` runs the worker for the
+``profile`` prints one JSON record (median ms per stage, steps/s by wall and by process CPU
+time, the mean number of rows rolled out per step). ``floor`` prints the FLOPs of one step's
+matrix products (``step_matmuls``: 128 rows of 9 tokens after the shared 8-token prompt, forward
+and backward, and the rollout of ``--rolled-out`` rows) and the time the bare products take on
+one thread. ``ab`` runs the worker for the
 checkout at ``--base-root`` (its own interpreter, so its own install) and for this one,
 alternating round by round, each in a fresh process, and prints a Markdown table of steps/s and
 the ratio per thread setting and the stage medians of both sides.
@@ -81,12 +86,14 @@ def measure(seed: int, threads: int, warmup: int, steps: int) -> dict[str, Any]:
     trainer = Trainer(cfg, Path(tempfile.mkdtemp()), progress=False, console=quiet)
     algorithm = trainer.algorithm
     spent: dict[str, float] = defaultdict(float)
+    rolled_out: list[int] = []
     collect = gflownet.collect_step
 
     def timed_collect(*args: Any, **kwargs: Any) -> Any:
         tic = time.perf_counter()
         batch = collect(*args, **kwargs)
         total = time.perf_counter() - tic
+        rolled_out.append(sum(len(piece.on_policy) for piece in batch.pieces))
         model = batch.timings.model_s if batch.timings else 0.0
         grammar = batch.timings.grammar_s if batch.timings else 0.0
         spent["rollout: model"] += model
@@ -121,6 +128,7 @@ def measure(seed: int, threads: int, warmup: int, steps: int) -> dict[str, Any]:
 
     for _ in range(warmup):
         step()
+    rolled_out.clear()
     per_stage: dict[str, list[float]] = defaultdict(list)
     totals, cpu_totals = [], []
     for _ in range(steps):
@@ -141,7 +149,60 @@ def measure(seed: int, threads: int, warmup: int, steps: int) -> dict[str, Any]:
         "steps_per_cpu_s": steps / sum(cpu_totals),
         "median_ms": {s: 1000 * statistics.median(per_stage[s]) for s in STAGES},
         "median_step_ms": 1000 * statistics.median(totals),
+        "rolled_out_rows": statistics.mean(rolled_out),
     }
+
+
+def step_matmuls(
+    rows: int, rolled_out: int, prompt: int, length: int, shared: bool = True
+) -> list[tuple]:
+    """The matrix products of one main-job step of the tiny model (width 64, 2 blocks, MLP 256,
+    vocabulary 98), as (m, k, n, count, grad): the rescoring forward over ``rows`` rows of
+    ``length`` tokens after one shared ``prompt``, with its backward (grad: dX and dW products
+    too), and the rollout's forwards (its prompt once, then ``length`` + 1 columns of
+    ``rolled_out`` rows). Attention products are left out (a few percent at 17 keys).
+    shared=False: the prompt computed for every row (the code before 2026-11-28)."""
+    block = [(64, 192), (64, 64), (64, 256), (256, 64)]
+    out = []
+    prompts = prompt if shared else rows * prompt
+    for m, grad in ((rows * length, True), (prompts, True)):
+        out += [(m, k, n, 2, grad) for k, n in block] + [(m, 64, 98, 1, grad)]
+    for m, count in ((prompt if shared else rolled_out * prompt, 1), (rolled_out, length + 1)):
+        out += [(m, k, n, 2 * count, False) for k, n in block] + [(m, 64, 98, count, False)]
+    return out
+
+
+def floor(
+    rows: int, rolled_out: int, prompt: int, length: int, repeats: int, shared: bool = True
+) -> dict[str, float]:
+    """FLOPs of the step's matrix products and their bare time on one thread (median of
+    ``repeats``): each product (and for the rescoring its two backward products) timed alone."""
+    import torch
+
+    torch.set_num_threads(1)
+    plan = step_matmuls(rows, rolled_out, prompt, length, shared)
+    flops = sum(2 * m * k * n * count * (3 if grad else 1) for m, k, n, count, grad in plan)
+    tensors = []
+    for m, k, n, count, grad in plan:
+        x, w, dy = torch.randn(m, k), torch.randn(k, n), torch.randn(m, n)
+        tensors.append((x, w, dy, count, grad))
+
+    def run() -> None:
+        for x, w, dy, count, grad in tensors:
+            for _ in range(count):
+                torch.mm(x, w)
+                if grad:
+                    torch.mm(dy, w.t())
+                    torch.mm(x.t(), dy)
+
+    run()
+    times = []
+    for _ in range(repeats):
+        tic = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - tic)
+    seconds = statistics.median(times)
+    return {"gflop": flops / 1e9, "matmul_ms": 1000 * seconds, "gflop_per_s": flops / seconds / 1e9}
 
 
 def _worker(python: str, root: Path, args: argparse.Namespace, threads: int) -> dict[str, Any]:
@@ -203,7 +264,7 @@ def ab(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["profile", "ab"])
+    parser.add_argument("mode", choices=["profile", "ab", "floor"])
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
     parser.add_argument("--warmup", type=int, default=30)
@@ -212,8 +273,13 @@ def main() -> None:
     parser.add_argument("--base-python", default=None)
     parser.add_argument("--base-root", default=None)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--rolled-out", type=int, default=40, help="floor: rows rolled out")
     args = parser.parse_args()
-    if args.mode == "profile":
+    if args.mode == "floor":
+        for shared in (False, True):
+            record = floor(128, args.rolled_out, 8, 9, args.steps, shared)
+            print(json.dumps({"prompt_once": shared, **record}))
+    elif args.mode == "profile":
         print(json.dumps(measure(args.seed, args.threads[0], args.warmup, args.steps)))
     else:
         ab(args)
