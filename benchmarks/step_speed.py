@@ -235,18 +235,26 @@ def ab(args: argparse.Namespace) -> None:
                     file=sys.stderr,
                     flush=True,
                 )
-    print("| threads | base steps/s (each round) | new steps/s (each round) | ratio of medians |")
-    print("|---|---|---|---|")
+    print(
+        "| threads | base steps/s (each round) | new steps/s (each round) | ratio of medians | "
+        "ratio by CPU time |"
+    )
+    print("|---|---|---|---|---|")
     for threads in args.threads:
-        base = [r["steps_per_s"] for r in runs["base", threads]]
-        new = [r["steps_per_s"] for r in runs["new", threads]]
-        label = f"{threads}" if threads else f"default ({runs['new', threads][0]['torch_threads']})"
-        ratio = statistics.median(new) / statistics.median(base)
-        print(
-            f"| {label} | {statistics.median(base):.2f} ({', '.join(f'{b:.2f}' for b in base)}) "
-            f"| {statistics.median(new):.2f} ({', '.join(f'{n:.2f}' for n in new)}) "
-            f"| {ratio:.2f}x |"
+        cells = []
+        for name in ("base", "new"):
+            rates = [r["steps_per_s"] for r in runs[name, threads]]
+            cells.append(f"{statistics.median(rates):.2f} ({', '.join(f'{x:.2f}' for x in rates)})")
+        wall, cpu = (
+            statistics.median(r[key] for r in runs["new", threads])
+            / statistics.median(r[key] for r in runs["base", threads])
+            for key in ("steps_per_s", "steps_per_cpu_s")
         )
+        used = [runs[name, threads][0]["torch_threads"] for name in ("base", "new")]
+        label = f"{threads}" if threads else f"default (base/new: {used[0]}/{used[1]})"
+        # process CPU time counts every thread: a rate per CPU second compares one thread only
+        by_cpu = f"{cpu:.2f}x" if used == [1, 1] else "-"
+        print(f"| {label} | {cells[0]} | {cells[1]} | {wall:.2f}x | {by_cpu} |")
     for threads in args.threads:
         print(f"\nStage medians, ms (median over rounds), threads {threads or 'default'}:\n")
         print("| stage | base | new |")
