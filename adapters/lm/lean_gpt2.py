@@ -38,6 +38,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from raptb.adapters.lm.row_prompts import left_padded
+
 KeyValues = list[tuple[torch.Tensor, torch.Tensor]]
 """Per block: keys and values [B, H, S, D] of the columns computed so far."""
 PromptState = tuple[torch.Tensor, KeyValues, torch.Tensor, torch.Tensor | None]
@@ -91,6 +93,7 @@ def forward(
     transformer = model.transformer
     config = model.config
     heads = config.n_head
+    scale = (config.n_embd // heads) ** -0.5  # scale_attn_weights, as supports() requires
     batch, width = ids.shape
     seen = 0 if past is None else past[0][0].shape[2]
     mask = None
@@ -116,7 +119,7 @@ def forward(
             k = torch.cat([past_k.expand(batch, -1, -1, -1), k], dim=2)
             v = torch.cat([past_v.expand(batch, -1, -1, -1), v], dim=2)
         present.append((k, v))
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attention.scaling)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         h = h + _conv1d(attention.c_proj, y.transpose(1, 2).reshape(batch, width, -1))
         x = F.layer_norm(
             h, block.ln_2.normalized_shape, block.ln_2.weight, block.ln_2.bias, block.ln_2.eps
@@ -137,8 +140,6 @@ def prompt_logits_and_past(
     Rows with one shared prompt compute it once (1 row, broadcast: the logits are an expanded
     view, the keys and values [1, H, P, D]); otherwise they are left-padded to the longest
     (``raptb.adapters.lm.row_prompts.left_padded``)."""
-    from raptb.adapters.lm.row_prompts import left_padded
-
     batch = len(prompt_ids)
     shared = all(row == prompt_ids[0] for row in prompt_ids)
     ids, mask, positions = left_padded(prompt_ids[:1] if shared else prompt_ids, pad_id, device)
