@@ -89,8 +89,8 @@ class TrainConfig(Section):
     threads: Annotated[int, Field(ge=1)] | None = Field(
         None,
         description="torch CPU threads; None: torch's choice (one per core). The embedded tiny "
-        "model takes 1 (faster per step than torch's choice when cores are shared, and two jobs "
-        "on the same cores do not slow each other down).",
+        "model takes 1: a second thread does not speed its step up, and torch's threads make it "
+        "many times slower when other jobs share the cores (benchmarks/step_speed.md).",
     )
     time_limit: Annotated[float, Field(gt=0)] | None = Field(
         None,

@@ -113,6 +113,8 @@ def test_rollout_equals_the_model_path(prompts, monkeypatch) -> None:
         prompts, 9, min_length=1, max_length=8, temperature=temperature, generator=gen(7)
     )
     assert torch.equal(lean.tokens, model.tokens) and lean.texts == model.texts
+    # sampled under inference mode, the rows leave as ordinary tensors (usable by autograd)
+    assert not any(torch.is_inference(t) for t in (lean.tokens, lean.length, lean.log_pf))
     torch.testing.assert_close(lean.log_pf, model.log_pf, atol=1e-5, rtol=0)
     torch.testing.assert_close(lean.log_pterm, model.log_pterm, atol=1e-5, rtol=0)
 
