@@ -18,8 +18,9 @@ the log-probs of the softmax of logits / temperature, which the RL baselines sco
 sampling temperature as TRL does; the GFlowNet objectives always score temperature 1. Each
 distinct prompt is tokenised once; rows of different prompts are left-padded to the longest (mask
 0, explicit positions), rows of one prompt need no padding; tokens after a row's stop are ignored.
-Where ``raptb.adapters.lm.lean_gpt2`` supports the model (``HFPolicy.lean``: the embedded GPT-2 on
-one process), rollout and rescoring run through it, a prompt shared by all rows computed once.
+Where ``raptb.adapters.lm.lean_gpt2`` supports the model (``HFPolicy.uses_lean_gpt2``: the
+embedded GPT-2 on one process), rollout and rescoring run through it, a prompt shared by all rows
+computed once.
 
 Activation checkpointing (:meth:`HFPolicy.enable_activation_checkpointing`, TRL's
 ``gradient_checkpointing``) applies to that teacher-forced pass: its blocks keep their inputs
@@ -221,7 +222,7 @@ class HFPolicy:
         # earlier prefix, so any valid id will do
         body = torch.where(token_mask, tokens, self.stop_id)
         hidden_states = None
-        if rows and not hidden and self.lean(model):
+        if rows and not hidden and self.uses_lean_gpt2(model):
             self.check_positions(max(len(row) for row in rows), big_t)
             logits = self._lean_logits(model, rows, body)
         else:
@@ -232,7 +233,7 @@ class HFPolicy:
         log_pterm = torch.where(prefix_mask, stop_lp, 0.0)
         return (log_pf, log_pterm, hidden_states) if hidden else (log_pf, log_pterm)
 
-    def lean(self, model: PreTrainedModel) -> bool:
+    def uses_lean_gpt2(self, model: PreTrainedModel) -> bool:
         """Whether ``model``'s forwards run through ``raptb.adapters.lm.lean_gpt2`` (a model it
         supports, on one process)."""
         return self.step_together is None and lean_gpt2.supports(model)

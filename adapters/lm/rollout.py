@@ -117,7 +117,7 @@ class RolloutPolicy(DecodingPolicy, Protocol):
     @property
     def decode_path(self) -> str: ...
 
-    def lean(self, model: torch.nn.Module) -> bool: ...
+    def uses_lean_gpt2(self, model: torch.nn.Module) -> bool: ...
 
 
 @torch.no_grad()
@@ -148,7 +148,7 @@ def sample_rollout(
             temperature=temperature,
             generator=generator,
         )
-    if not policy.lean(policy.model):
+    if not policy.uses_lean_gpt2(policy.model):
         return _eager_rollout(policy, prompt, n, min_length, max_length, temperature, generator)
     # inference mode skips autograd's bookkeeping (a tenth of the lean rollout's time); its
     # tensors may not enter autograd or be written outside it, so the rows leave as copies
@@ -198,7 +198,7 @@ def _eager_rollout(
     try:
         tic = time.perf_counter()
         decoder: _Decoder
-        if policy.lean(policy.model):
+        if policy.uses_lean_gpt2(policy.model):
             prompts = lean_gpt2.prompt_logits_and_past(
                 policy.model, prompt_rows, policy.pad_id, device
             )

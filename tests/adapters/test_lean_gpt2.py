@@ -77,13 +77,13 @@ def test_a_shared_prompt_is_computed_once_and_broadcast() -> None:
 
 
 def _model_path(policy, monkeypatch):
-    monkeypatch.setattr(policy, "lean", lambda model: False)
+    monkeypatch.setattr(policy, "uses_lean_gpt2", lambda model: False)
 
 
 @pytest.mark.parametrize("prompts", [PROMPTS[1], [PROMPTS[b % 3] for b in range(6)]])
 def test_score_and_its_gradients_equal_the_model_path(prompts, monkeypatch) -> None:
     policy = make_policy(seed=5, logit_scale=4.0)
-    assert policy.lean(policy.model)
+    assert policy.uses_lean_gpt2(policy.model)
     r = policy.sample(prompts, 6, min_length=0, max_length=7, generator=gen(2))
     results = []
     for lean in (True, False):
