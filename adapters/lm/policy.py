@@ -18,6 +18,9 @@ the log-probs of the softmax of logits / temperature, which the RL baselines sco
 sampling temperature as TRL does; the GFlowNet objectives always score temperature 1. Each
 distinct prompt is tokenised once; rows of different prompts are left-padded to the longest (mask
 0, explicit positions), rows of one prompt need no padding; tokens after a row's stop are ignored.
+Where ``raptb.adapters.lm.lean_gpt2`` supports the model (``HFPolicy.uses_lean_gpt2``: the
+embedded GPT-2 on one process), rollout and rescoring run through it, a prompt shared by all rows
+computed once.
 
 Activation checkpointing (:meth:`HFPolicy.enable_activation_checkpointing`, TRL's
 ``gradient_checkpointing``) applies to that teacher-forced pass: its blocks keep their inputs
@@ -37,6 +40,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from raptb.adapters.lm import lean_gpt2
 from raptb.adapters.lm.decode_mode import DecodeMode, resolve_decode
 from raptb.adapters.lm.grammar import GrammarBatch
 from raptb.adapters.lm.rollout import sample_rollout, token_log_probs
@@ -213,29 +217,18 @@ class HFPolicy:
         rows = row_prompt_ids(self.prompt_ids, prompt, b) if b else []
         # left-padded to the longest prompt (mask 0 on pads, each row's own positions), so every
         # row's first generated token sits in the same column
-        ids, prompt_mask, positions = left_padded(
-            rows or [self.prompt_ids(prompt if isinstance(prompt, str) else "")],
-            self.pad_id,
-            device,
-        )
-        ids, prompt_mask, positions = ids[:b], prompt_mask[:b], positions[:b]
-        width = ids.shape[1]
-        self.check_positions(int(positions[:, -1].max()) + 1 if b else width, big_t)
         cols = torch.arange(big_t, device=device)
         token_mask = cols[None, :] < length[:, None]
         prefix_mask = torch.arange(big_t + 1, device=device)[None, :] <= length[:, None]
         # positions after the stop hold arbitrary ids; causal attention keeps them out of every
         # earlier prefix, so any valid id will do
         body = torch.where(token_mask, tokens, self.stop_id)
-        after = positions[:, -1:] + 1 + torch.arange(big_t, device=device)[None, :]
-        out = model(
-            input_ids=torch.cat([ids, body], dim=1),
-            attention_mask=torch.cat([prompt_mask, torch.ones_like(body)], dim=1),
-            position_ids=torch.cat([positions, after], dim=1),
-            use_cache=False,
-            output_hidden_states=hidden,
-        )
-        logits = out.logits[:, width - 1 :, :]
+        hidden_states = None
+        if rows and not hidden and self.uses_lean_gpt2(model):
+            self.check_positions(max(len(row) for row in rows), big_t)
+            logits = self._lean_logits(model, rows, body)
+        else:
+            logits, hidden_states = self._logits(model, prompt, rows, body, hidden)
         next_tokens = torch.cat([body, torch.full_like(body[:, :1], self.stop_id)], dim=1)
         token_lp, stop_lp = token_log_probs(logits, next_tokens, self.stop_id, temperature)
         log_pf = torch.where(token_mask, token_lp[:, :big_t], 0.0)
@@ -244,7 +237,57 @@ class HFPolicy:
             values = per_state(logits)  # [B, T + 1, ...]: a value (or a vector) per state
             mask = prefix_mask.reshape(*prefix_mask.shape, *([1] * (values.ndim - 2)))
             return log_pf, log_pterm, torch.where(mask, values, 0.0)
-        return (log_pf, log_pterm, out.hidden_states[-1]) if hidden else (log_pf, log_pterm)
+        return (log_pf, log_pterm, hidden_states) if hidden else (log_pf, log_pterm)
+
+    def uses_lean_gpt2(self, model: PreTrainedModel) -> bool:
+        """Whether ``model``'s forwards run through ``raptb.adapters.lm.lean_gpt2`` (a model it
+        supports, on one process)."""
+        return self.step_together is None and lean_gpt2.supports(model)
+
+    def _lean_logits(
+        self, model: PreTrainedModel, rows: list[list[int]], body: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits [B, T+1, V] after each row's prompt and its tokens ``body`` [B, T], by
+        ``lean_gpt2`` (a prompt shared by every row computed once)."""
+        first, past, following, key_mask = lean_gpt2.prompt_logits_and_past(
+            model, rows, self.pad_id, self.device
+        )
+        big_t = body.shape[1]
+        positions = following + torch.arange(big_t, device=body.device)[None, :]
+        if key_mask is not None:
+            key_mask = torch.cat([key_mask, key_mask.new_ones(body.shape)], dim=1)
+        logits, _ = lean_gpt2.forward(model, body, positions, past, key_mask)
+        return torch.cat([first[:, None, :], logits], dim=1)
+
+    def _logits(
+        self,
+        model: PreTrainedModel,
+        prompt: str | Sequence[str],
+        rows: list[list[int]],
+        body: torch.Tensor,
+        hidden: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits [B, T+1, V] after each row's prompt and its tokens ``body`` [B, T] (and the last
+        layer's hidden states [B, P + T, H] when ``hidden``), by the model's own forward."""
+        b, big_t = body.shape
+        device = body.device
+        ids, prompt_mask, positions = left_padded(
+            rows or [self.prompt_ids(prompt if isinstance(prompt, str) else "")],
+            self.pad_id,
+            device,
+        )
+        ids, prompt_mask, positions = ids[:b], prompt_mask[:b], positions[:b]
+        width = ids.shape[1]
+        self.check_positions(int(positions[:, -1].max()) + 1 if b else width, big_t)
+        after = positions[:, -1:] + 1 + torch.arange(big_t, device=device)[None, :]
+        out = model(
+            input_ids=torch.cat([ids, body], dim=1),
+            attention_mask=torch.cat([prompt_mask, torch.ones_like(body)], dim=1),
+            position_ids=torch.cat([positions, after], dim=1),
+            use_cache=False,
+            output_hidden_states=hidden,
+        )
+        return out.logits[:, width - 1 :, :], out.hidden_states[-1] if hidden else None
 
     def score(
         self,

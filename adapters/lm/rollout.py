@@ -15,16 +15,22 @@ Rows may have different prompts (one rollout for a whole optimizer step): prompt
 to the longest, with the attention mask 0 on the pads and explicit position ids (each row's own
 positions, 0 at its first prompt token), so a row's tokens and log-probs are those of rolling it
 out alone, up to float rounding.
+
+The forwards go through ``raptb.adapters.lm.lean_gpt2`` where it supports the model (the embedded
+GPT-2: a shared prompt computed once, a few operations per block), else through the model's own
+forward and transformers' cache; both give the same logits to float rounding.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 import torch
 
+from raptb.adapters.lm import lean_gpt2
 from raptb.adapters.lm.grammar import unpack_bitmask
 from raptb.adapters.lm.kv_cache import cache_keyword, returned_cache
 from raptb.adapters.lm.rollout_record import (
@@ -37,6 +43,70 @@ from raptb.adapters.lm.row_prompts import check_rollout_shape, left_padded, row_
 from raptb.adapters.lm.static_decode import DecodingPolicy, static_rollout
 
 
+class _Decoder(Protocol):
+    """The model's next-token logits of n rows in lock step: ``prompt_logits`` [n, V] after the
+    prompts, then ``next_logits(tokens)`` [n, V] after each row's next token ``tokens`` [n]."""
+
+    prompt_logits: torch.Tensor
+
+    def next_logits(self, tokens: torch.Tensor) -> torch.Tensor: ...
+
+
+class _ModelDecoder:
+    """``_Decoder`` through the model's own forward and transformers' KV cache: prompts
+    left-padded (``left_padded``'s ids, attention mask 0 on pads, each row's own position ids),
+    then one token a call."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        prompts: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        max_length: int,
+    ) -> None:
+        ids, attention, positions = prompts
+        self.model, self.width, self.calls = model, ids.shape[1], 0
+        self.keyword = cache_keyword(model)
+        # the prompt's mask (0 on left pads), then ones for the generated tokens
+        self.attention = torch.cat([attention, attention.new_ones(len(ids), max_length)], dim=1)
+        self.out = model(
+            input_ids=ids,
+            attention_mask=self.attention[:, : self.width],
+            position_ids=positions,
+            use_cache=True,
+        )
+        self.next_position = positions[:, -1:] + 1
+        self.prompt_logits = self.out.logits[:, -1, :]
+
+    def next_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.out = self.model(
+            input_ids=tokens[:, None],
+            attention_mask=self.attention[:, : self.width + self.calls + 1],
+            position_ids=self.next_position + self.calls,
+            use_cache=True,
+            **{self.keyword: returned_cache(self.out, self.keyword)},
+        )
+        self.calls += 1
+        return self.out.logits[:, -1, :]
+
+
+class _LeanDecoder:
+    """``_Decoder`` through ``raptb.adapters.lm.lean_gpt2``, from its
+    ``prompt_logits_and_past`` (a prompt shared by every row computed once)."""
+
+    def __init__(self, model: torch.nn.Module, prompts: lean_gpt2.PromptState) -> None:
+        self.model = model
+        self.prompt_logits, self.past, self.position, self.key_mask = prompts
+
+    def next_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.key_mask is not None:
+            self.key_mask = torch.cat([self.key_mask, self.key_mask.new_ones(len(tokens), 1)], 1)
+        logits, self.past = lean_gpt2.forward(
+            self.model, tokens[:, None], self.position, self.past, self.key_mask
+        )
+        self.position = self.position + 1
+        return logits[:, -1, :]
+
+
 class RolloutPolicy(DecodingPolicy, Protocol):
     """What the rollout needs of ``raptb.adapters.lm.policy.HFPolicy`` (which calls this module, so
     it is named by its shape rather than imported): the static path's needs, the resolved decoding
@@ -46,6 +116,8 @@ class RolloutPolicy(DecodingPolicy, Protocol):
 
     @property
     def decode_path(self) -> str: ...
+
+    def uses_lean_gpt2(self, model: torch.nn.Module) -> bool: ...
 
 
 @torch.no_grad()
@@ -76,16 +148,38 @@ def sample_rollout(
             temperature=temperature,
             generator=generator,
         )
+    if not policy.uses_lean_gpt2(policy.model):
+        return _eager_rollout(policy, prompt, n, min_length, max_length, temperature, generator)
+    # inference mode skips autograd's bookkeeping (a tenth of the lean rollout's time); its
+    # tensors may not enter autograd or be written outside it, so the rows leave as copies
+    with torch.inference_mode():
+        rollout = _eager_rollout(policy, prompt, n, min_length, max_length, temperature, generator)
+    return replace(
+        rollout,
+        tokens=rollout.tokens.clone(),
+        length=rollout.length.clone(),
+        log_pf=rollout.log_pf.clone(),
+        log_pterm=rollout.log_pterm.clone(),
+    )
+
+
+def _eager_rollout(
+    policy: RolloutPolicy,
+    prompt: str | Sequence[str],
+    n: int,
+    min_length: int,
+    max_length: int,
+    temperature: float | torch.Tensor,
+    generator: torch.Generator | None,
+) -> Rollout:
+    """``sample_rollout`` on the eager path."""
     check_rollout_shape(n, min_length, max_length)
     start = time.perf_counter()
     model_s = grammar_s = 0.0
     device = policy.device
     temp = row_temperatures(temperature, n).to(device)
-    prompt_ids, attention, positions = left_padded(
-        row_prompt_ids(policy.prompt_ids, prompt, n), policy.pad_id, device
-    )
-    width = prompt_ids.shape[1]
-    policy.check_positions(int(positions[:, -1].max()) + 1, max_length)
+    prompt_rows = row_prompt_ids(policy.prompt_ids, prompt, n)
+    policy.check_positions(max(len(row) for row in prompt_rows), max_length)
     big_t, num_legal = max_length, len(policy.legal_ids)
     # one gather of the legal columns and the stop column: the behaviour's sub-vocabulary
     sub_ids = torch.tensor([*policy.legal_ids, policy.stop_id], dtype=torch.long, device=device)
@@ -100,23 +194,22 @@ def sample_rollout(
     free_mask = torch.ones(n, num_legal + 1, dtype=torch.bool, device=device)
 
     was_training = policy.model.training
-    cache = cache_keyword(policy.model)
     policy.model.eval()
     try:
         tic = time.perf_counter()
-        # the prompt's mask (0 on left pads), then ones for the generated tokens
-        attention = torch.cat([attention, attention.new_ones(n, big_t)], dim=1)
-        out = policy.model(
-            input_ids=prompt_ids,
-            attention_mask=attention[:, :width],
-            position_ids=positions,
-            use_cache=True,
-        )
-        next_position = positions[:, -1:] + 1
+        decoder: _Decoder
+        if policy.uses_lean_gpt2(policy.model):
+            prompts = lean_gpt2.prompt_logits_and_past(
+                policy.model, prompt_rows, policy.pad_id, device
+            )
+            decoder = _LeanDecoder(policy.model, prompts)
+        else:
+            padded = left_padded(prompt_rows, policy.pad_id, device)
+            decoder = _ModelDecoder(policy.model, padded, big_t)
+        logits = decoder.prompt_logits
         model_s += time.perf_counter() - tic
         idle = False  # every row of this rank has stopped (only while other ranks step on)
         for k in range(big_t + 1):
-            logits = out.logits[:, -1, :]
             if k == big_t:
                 _, stop_lp = token_log_probs(
                     logits, torch.full_like(length, policy.stop_id), policy.stop_id
@@ -172,13 +265,7 @@ def sample_rollout(
                 if not all(accepted):
                     raise RuntimeError("grammar matcher rejected a token its own mask allowed")
             tic = time.perf_counter()
-            out = policy.model(
-                input_ids=step_tokens[:, None],
-                attention_mask=attention[:, : width + k + 1],
-                position_ids=next_position + k,
-                use_cache=True,
-                **{cache: returned_cache(out, cache)},
-            )
+            logits = decoder.next_logits(step_tokens)
             model_s += time.perf_counter() - tic
     finally:
         policy.model.train(was_training)

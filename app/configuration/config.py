@@ -89,7 +89,10 @@ class TrainConfig(Section):
         description="Stop with an error after this many consecutive steps with a non-finite loss.",
     )
     threads: Annotated[int, Field(ge=1)] | None = Field(
-        None, description="torch CPU threads; None: torch's choice."
+        None,
+        description="torch CPU threads; None: torch's choice (one per core). The embedded tiny "
+        "model takes 1: a second thread does not speed its step up, and torch's threads make it "
+        "many times slower when other jobs share the cores (benchmarks/step_speed.md).",
     )
     time_limit: Annotated[float, Field(gt=0)] | None = Field(
         None,
@@ -264,7 +267,15 @@ PRETRAINED_PRESET: dict[str, Any] = {
 # benchmarks/results/default_replay/) this raised RapTB + SubM's exact Acc and E[distinct]
 # together, to TB + RP's accuracy in the same setting. ``--replay.p_replay "[0.5, 0.25]"`` is
 # the paper's.
-TINY_PRESET: dict[str, Any] = {"optim": {"log_z_lr": 0.0}, "replay": {"p_replay": (0.75, 0.5)}}
+# It runs on one torch thread: a step of a 0.1M-parameter model is hundreds of small operations
+# that a second thread does not split usefully, and torch's default (a busy-waiting OpenMP
+# thread per core) makes two jobs started together on a 2-core machine fight over the cores,
+# each step many times slower than alone (benchmarks/step_speed.md). ``--threads N`` sets N.
+TINY_PRESET: dict[str, Any] = {
+    "optim": {"log_z_lr": 0.0},
+    "replay": {"p_replay": (0.75, 0.5)},
+    "threads": 1,
+}
 
 
 def _one_micro_batch(data: dict[str, Any]) -> dict[str, Any]:

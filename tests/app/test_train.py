@@ -365,6 +365,19 @@ def test_log_z_lr_0_holds_log_z_at_its_initial_value(tmp_path):
         small_config(**{"optim.log_z_lr": -0.1})
 
 
+def test_the_embedded_model_trains_on_one_thread_unless_told(tmp_path, monkeypatch):
+    # one torch thread by default for the tiny model (two jobs sharing cores do not
+    # oversubscribe them); torch's choice for any other model; --threads always wins
+    assert build_config().threads == 1
+    assert build_config(overrides={"model": "some/pretrained-model"}).threads is None
+    assert build_config(overrides={"threads": 2}).threads == 2
+    assert build_config(overrides={"model": "some/model", "threads": 3}).threads == 3
+    chosen = []
+    monkeypatch.setattr(torch, "set_num_threads", chosen.append)
+    Trainer(build_config(overrides={"optim.batch_size": 4}), tmp_path, progress=False)
+    assert chosen == [1]
+
+
 def _fake_clock(monkeypatch, seconds_per_call: float) -> None:
     """The trainer's clock advances ``seconds_per_call`` at each reading."""
     now = [0.0]

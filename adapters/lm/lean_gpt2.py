@@ -1,0 +1,153 @@
+"""GPT-2's forward in a few operations per block, on a ``GPT2LMHeadModel``'s own parameters.
+
+For a model as small as the embedded default (2 layers, width 64, about 0.1M parameters) a
+forward's time is the count of operations, not their size: transformers' forward builds a mask
+and a cache object and dispatches through several wrappers per module (about 1.5 ms a call on one
+CPU core, where the matrix products take 0.1-0.5 ms). This module computes the same function with
+the model's modules' weights and torch's functional ops (the same ones transformers calls):
+
+    h_0 = wte[x] + wpe[p]
+    a_l = h_l + c_proj(attention(ln_1(h_l)))        softmax(q k^T / sqrt(d_head) + mask) v per head
+    h_(l+1) = a_l + c_proj(act(c_fc(ln_2(a_l))))
+    logits = ln_f(h_L) W_head^T
+
+Attention runs over the keys and values of earlier calls (``past``) followed by the call's own:
+query i of a call with P past columns sees key j when j <= P + i and ``key_mask[b, j]`` (0 on a
+left-padded prompt's pads). Results equal transformers' to float rounding
+(tests/adapters/test_lean_gpt2.py).
+
+Two uses, both where a forward over one shared prompt repeats it for every row:
+
+- ``prompt_logits_and_past``: a batch's prompts, computed once when every row has the same one
+  (its keys and values broadcast to the rows, its last logits the same for all), else
+  left-padded together;
+- ``forward``: tokens after that, a column at a time (the rollout) or all at once with
+  gradients (teacher-forced rescoring; the shared prompt's gradient is the sum over the rows,
+  as autograd sums over a broadcast).
+
+``supports(model)`` says when it applies: a ``GPT2LMHeadModel`` (not wrapped by peft) of
+self-attention blocks without dropout (so training and evaluation modes compute the same),
+without activation checkpointing and with the standard attention scaling; everything else runs
+through transformers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from raptb.adapters.lm.row_prompts import left_padded
+
+KeyValues = list[tuple[torch.Tensor, torch.Tensor]]
+"""Per block: keys and values [B, H, S, D] of the columns computed so far."""
+PromptState = tuple[torch.Tensor, KeyValues, torch.Tensor, torch.Tensor | None]
+"""``prompt_logits_and_past``'s: last logits [B, V], past, next positions [B, 1], key mask."""
+
+
+def supports(model: torch.nn.Module) -> bool:
+    """Whether ``forward`` computes ``model``'s own function (module docstring)."""
+    from transformers import GPT2LMHeadModel
+
+    if type(model) is not GPT2LMHeadModel:
+        return False
+    config = model.config
+    dropout = (config.resid_pdrop, config.embd_pdrop, config.attn_pdrop)
+    return (
+        not any(dropout)
+        and config.scale_attn_weights
+        and not config.scale_attn_by_inverse_layer_idx
+        and not config.reorder_and_upcast_attn
+        and not config.add_cross_attention
+        and not _checkpointing(model)
+        and isinstance(model.transformer.wpe, torch.nn.Embedding)
+    )
+
+
+def _checkpointing(model: torch.nn.Module) -> bool:
+    """Whether activation checkpointing is on (transformers 5's name, else 4's)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name):
+            return bool(getattr(model, name))
+    return False
+
+
+def _conv1d(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """transformers' ``Conv1D``: x W + b over the last dimension (W: [in, out])."""
+    out = torch.addmm(layer.bias, x.reshape(-1, x.shape[-1]), layer.weight)
+    return out.view(*x.shape[:-1], -1)
+
+
+def forward(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    past: KeyValues | None = None,
+    key_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, KeyValues]:
+    """Logits [B, S, V] of tokens ``ids`` [B, S] at ``positions`` [B, S] after the ``past``
+    columns (whose keys and values may be broadcast over B), and the keys and values of all
+    columns. ``key_mask``: bool [B, P + S], False on columns no query may see (pads); None: all
+    visible. Causality within the call is always applied."""
+    transformer = model.transformer
+    config = model.config
+    heads = config.n_head
+    scale = (config.n_embd // heads) ** -0.5  # scale_attn_weights, as supports() requires
+    batch, width = ids.shape
+    seen = 0 if past is None else past[0][0].shape[2]
+    mask = None
+    if width > 1:
+        rows = torch.arange(width, device=ids.device)[:, None] + seen
+        mask = rows >= torch.arange(seen + width, device=ids.device)[None, :]
+    if key_mask is not None:
+        visible = key_mask[:, None, None, :]
+        mask = visible if mask is None else visible & mask
+    elif mask is not None:
+        mask = mask[None, None]
+    h = transformer.wte(ids) + transformer.wpe(positions)
+    present: KeyValues = []
+    for index, block in enumerate(transformer.h):
+        attention = block.attn
+        x = F.layer_norm(
+            h, block.ln_1.normalized_shape, block.ln_1.weight, block.ln_1.bias, block.ln_1.eps
+        )
+        q, k, v = _conv1d(attention.c_attn, x).split(attention.split_size, dim=2)
+        q, k, v = (t.view(batch, width, heads, -1).transpose(1, 2) for t in (q, k, v))
+        if past is not None:
+            past_k, past_v = past[index]
+            k = torch.cat([past_k.expand(batch, -1, -1, -1), k], dim=2)
+            v = torch.cat([past_v.expand(batch, -1, -1, -1), v], dim=2)
+        present.append((k, v))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        h = h + _conv1d(attention.c_proj, y.transpose(1, 2).reshape(batch, width, -1))
+        x = F.layer_norm(
+            h, block.ln_2.normalized_shape, block.ln_2.weight, block.ln_2.bias, block.ln_2.eps
+        )
+        h = h + _conv1d(block.mlp.c_proj, block.mlp.act(_conv1d(block.mlp.c_fc, x)))
+    ln_f = transformer.ln_f
+    h = F.layer_norm(h, ln_f.normalized_shape, ln_f.weight, ln_f.bias, ln_f.eps)
+    return F.linear(h, model.lm_head.weight), present
+
+
+def prompt_logits_and_past(
+    model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]], pad_id: int, device: torch.device
+) -> PromptState:
+    """The prompts of B rows: the logits [B, V] at each row's last prompt token (the first
+    action's), the keys and values of the prompt columns, each row's next position [B, 1], and the
+    key mask of the prompt columns (bool [B, P], None when no row is padded).
+
+    Rows with one shared prompt compute it once (1 row, broadcast: the logits are an expanded
+    view, the keys and values [1, H, P, D]); otherwise they are left-padded to the longest
+    (``raptb.adapters.lm.row_prompts.left_padded``)."""
+    batch = len(prompt_ids)
+    shared = all(row == prompt_ids[0] for row in prompt_ids)
+    ids, mask, positions = left_padded(prompt_ids[:1] if shared else prompt_ids, pad_id, device)
+    padded = not shared and not bool(mask.all())
+    key_mask = mask.bool() if padded else None
+    logits, past = forward(model, ids, positions, key_mask=key_mask)
+    last = logits[:, -1, :]
+    following = positions[:, -1:] + 1
+    if shared:
+        return last.expand(batch, -1), past, following.expand(batch, -1), None
+    return last, past, following, key_mask

@@ -1,0 +1,297 @@
+"""Optimizer steps per second of the README's main job, stage by stage, and an A/B against a
+commit.
+
+The main job is ``raptb train --task expr24 --loss raptb --replay subm`` on the embedded tiny
+model (its defaults: one micro-batch of 128 rows, the replay mix, SubM). One measurement builds
+that trainer (seed ``--seed``, ``--threads`` torch threads; 0 = torch's choice, the default of
+``raptb train`` before it chose one itself), takes ``--warmup`` untimed steps (the buffer fills,
+the mix moves on) and times ``--steps`` steps of ``Trainer._optimizer_step``, the trainer's own
+step. Each step is split into stages by wrapping the functions it calls (by name, so the same
+worker times older code): collect (rollout model forwards, grammar, the rest of the collection),
+reward (task scores), the rescoring forward (``policy.score``), objective + backward (the rest of
+``loss_step``), new replay items, buffer refresh (``buffer.add``), gradient clipping + AdamW
+(``apply_gradients``), and what is left (other).
+
+Usage (from the repository root):
+
+    python benchmarks/step_speed.py profile [--steps 100 --warmup 30 --threads 1]
+    python benchmarks/step_speed.py floor [--rolled-out 40 --steps 100]
+    python benchmarks/step_speed.py ab --base-python /work/venv-base/bin/python \
+        --base-root /work/wt-base [--rounds 3 --threads 1 0]
+
+``profile`` prints one JSON record (median ms per stage, steps/s by wall and by process CPU
+time, the mean number of rows rolled out per step). ``floor`` prints the FLOPs of one step's
+matrix products (``step_matmuls``: 128 rows of 9 tokens after the shared 8-token prompt, forward
+and backward, and the rollout of ``--rolled-out`` rows) and the time the bare products take on
+one thread. ``ab`` runs the worker for the
+checkout at ``--base-root`` (its own interpreter, so its own install) and for this one,
+alternating round by round, each in a fresh process, and prints a Markdown table of steps/s and
+the ratio per thread setting and the stage medians of both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+STAGES = (
+    "rollout: model",
+    "rollout: grammar",
+    "collect: other",
+    "reward",
+    "rescoring forward",
+    "objective + backward",
+    "new replay items",
+    "buffer refresh",
+    "clip + AdamW",
+    "other",
+)
+
+
+def _timed(spent: dict[str, float], stage: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` adding its wall time to ``spent[stage]``."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        tic = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[stage] += time.perf_counter() - tic
+
+    return wrapper
+
+
+def measure(seed: int, threads: int, warmup: int, steps: int) -> dict[str, Any]:
+    """Stage medians (ms) and steps/s of ``steps`` main-job steps after ``warmup`` untimed ones."""
+    import torch
+    from rich.console import Console
+
+    from raptb.app.configuration.config import build_config
+    from raptb.app.training.algorithms import gflownet
+    from raptb.app.training.train import Trainer
+
+    overrides: dict[str, Any] = {"task": "expr24", "loss": "raptb", "replay.kind": "subm"}
+    overrides |= {"seed": seed, "threads": threads or None}
+    cfg = build_config(None, overrides)
+    quiet = Console(stderr=True, quiet=True)
+    trainer = Trainer(cfg, Path(tempfile.mkdtemp()), progress=False, console=quiet)
+    algorithm = trainer.algorithm
+    spent: dict[str, float] = defaultdict(float)
+    rolled_out: list[int] = []
+    collect = gflownet.collect_step
+
+    def timed_collect(*args: Any, **kwargs: Any) -> Any:
+        tic = time.perf_counter()
+        batch = collect(*args, **kwargs)
+        total = time.perf_counter() - tic
+        rolled_out.append(sum(len(piece.on_policy) for piece in batch.pieces))
+        model = batch.timings.model_s if batch.timings else 0.0
+        grammar = batch.timings.grammar_s if batch.timings else 0.0
+        spent["rollout: model"] += model
+        spent["rollout: grammar"] += grammar
+        spent["collect: other"] += total - model - grammar
+        return batch
+
+    loss_step = gflownet.loss_step
+
+    def timed_loss_step(*args: Any, **kwargs: Any) -> Any:
+        tic = time.perf_counter()
+        before = spent["rescoring forward"]
+        try:
+            return loss_step(*args, **kwargs)
+        finally:
+            forward = spent["rescoring forward"] - before
+            spent["objective + backward"] += time.perf_counter() - tic - forward
+
+    gflownet.collect_step = timed_collect
+    gflownet.loss_step = timed_loss_step
+    gflownet.reward = _timed(spent, "reward", gflownet.reward)
+    gflownet.new_items = _timed(spent, "new replay items", gflownet.new_items)
+    trainer.policy.score = _timed(spent, "rescoring forward", trainer.policy.score)
+    algorithm.buffer.add = _timed(spent, "buffer refresh", algorithm.buffer.add)
+    trainer.apply_gradients = _timed(spent, "clip + AdamW", trainer.apply_gradients)
+
+    def step() -> tuple[float, float]:
+        tic, cpu = time.perf_counter(), time.process_time()
+        if trainer._optimizer_step() is not None:
+            trainer.step += 1
+        return time.perf_counter() - tic, time.process_time() - cpu
+
+    for _ in range(warmup):
+        step()
+    rolled_out.clear()
+    per_stage: dict[str, list[float]] = defaultdict(list)
+    totals, cpu_totals = [], []
+    for _ in range(steps):
+        spent.clear()
+        total, cpu = step()
+        totals.append(total)
+        cpu_totals.append(cpu)
+        for stage in STAGES[:-1]:
+            per_stage[stage].append(spent[stage])
+        per_stage["other"].append(total - sum(spent.values()))
+    return {
+        "threads": threads,
+        "torch_threads": torch.get_num_threads(),
+        "steps": steps,
+        "warmup": warmup,
+        "seconds": sum(totals),
+        "steps_per_s": steps / sum(totals),
+        "steps_per_cpu_s": steps / sum(cpu_totals),
+        "median_ms": {s: 1000 * statistics.median(per_stage[s]) for s in STAGES},
+        "median_step_ms": 1000 * statistics.median(totals),
+        "rolled_out_rows": statistics.mean(rolled_out),
+    }
+
+
+def step_matmuls(
+    rows: int, rolled_out: int, prompt: int, length: int, shared: bool = True
+) -> list[tuple]:
+    """The matrix products of one main-job step of the tiny model (width 64, 2 blocks, MLP 256,
+    vocabulary 98), as (m, k, n, count, grad): the rescoring forward over ``rows`` rows of
+    ``length`` tokens after one shared ``prompt``, with its backward (grad: dX and dW products
+    too), and the rollout's forwards (its prompt once, then ``length`` + 1 columns of
+    ``rolled_out`` rows). Attention products are left out (a few percent at 17 keys).
+    shared=False: the prompt computed for every row (the code before 2026-11-28)."""
+    block = [(64, 192), (64, 64), (64, 256), (256, 64)]
+    out = []
+    prompts = prompt if shared else rows * prompt
+    for m, grad in ((rows * length, True), (prompts, True)):
+        out += [(m, k, n, 2, grad) for k, n in block] + [(m, 64, 98, 1, grad)]
+    for m, count in ((prompt if shared else rolled_out * prompt, 1), (rolled_out, length + 1)):
+        out += [(m, k, n, 2 * count, False) for k, n in block] + [(m, 64, 98, count, False)]
+    return out
+
+
+def floor(
+    rows: int, rolled_out: int, prompt: int, length: int, repeats: int, shared: bool = True
+) -> dict[str, float]:
+    """FLOPs of the step's matrix products and their bare time on one thread (median of
+    ``repeats``): each product (and for the rescoring its two backward products) timed alone."""
+    import torch
+
+    torch.set_num_threads(1)
+    plan = step_matmuls(rows, rolled_out, prompt, length, shared)
+    flops = sum(2 * m * k * n * count * (3 if grad else 1) for m, k, n, count, grad in plan)
+    tensors = []
+    for m, k, n, count, grad in plan:
+        x, w, dy = torch.randn(m, k), torch.randn(k, n), torch.randn(m, n)
+        tensors.append((x, w, dy, count, grad))
+
+    def run() -> None:
+        for x, w, dy, count, grad in tensors:
+            for _ in range(count):
+                torch.mm(x, w)
+                if grad:
+                    torch.mm(dy, w.t())
+                    torch.mm(x.t(), dy)
+
+    run()
+    times = []
+    for _ in range(repeats):
+        tic = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - tic)
+    seconds = statistics.median(times)
+    return {"gflop": flops / 1e9, "matmul_ms": 1000 * seconds, "gflop_per_s": flops / seconds / 1e9}
+
+
+def _worker(python: str, root: Path, args: argparse.Namespace, threads: int) -> dict[str, Any]:
+    """One ``profile`` measurement in a fresh process of ``python`` run from ``root``."""
+    command = [python, str(Path(__file__).resolve()), "profile"]
+    command += ["--seed", str(args.seed), "--threads", str(threads)]
+    command += ["--warmup", str(args.warmup), "--steps", str(args.steps)]
+    env = None
+    if threads:
+        import os
+
+        env = os.environ | {"OMP_NUM_THREADS": str(threads)}
+    out = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def ab(args: argparse.Namespace) -> None:
+    """Alternate the base and this checkout, print the tables."""
+    here = Path(__file__).resolve().parents[1]
+    sides = {"base": (args.base_python, Path(args.base_root)), "new": (sys.executable, here)}
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for round_ in range(args.rounds):
+        for threads in args.threads:
+            for name in ("base", "new") if round_ % 2 == 0 else ("new", "base"):
+                result = _worker(*sides[name], args, threads)
+                runs[name, threads].append(result)
+                print(
+                    f"round {round_} threads {threads or 'default'} {name}: "
+                    f"{result['steps_per_s']:.2f} steps/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    print(
+        "| threads | base steps/s (each round) | new steps/s (each round) | ratio of medians | "
+        "ratio by CPU time |"
+    )
+    print("|---|---|---|---|---|")
+    for threads in args.threads:
+        cells = []
+        for name in ("base", "new"):
+            rates = [r["steps_per_s"] for r in runs[name, threads]]
+            cells.append(f"{statistics.median(rates):.2f} ({', '.join(f'{x:.2f}' for x in rates)})")
+        wall, cpu = (
+            statistics.median(r[key] for r in runs["new", threads])
+            / statistics.median(r[key] for r in runs["base", threads])
+            for key in ("steps_per_s", "steps_per_cpu_s")
+        )
+        used = [runs[name, threads][0]["torch_threads"] for name in ("base", "new")]
+        label = f"{threads}" if threads else f"default (base/new: {used[0]}/{used[1]})"
+        # process CPU time counts every thread: a rate per CPU second compares one thread only
+        by_cpu = f"{cpu:.2f}x" if used == [1, 1] else "-"
+        print(f"| {label} | {cells[0]} | {cells[1]} | {wall:.2f}x | {by_cpu} |")
+    for threads in args.threads:
+        print(f"\nStage medians, ms (median over rounds), threads {threads or 'default'}:\n")
+        print("| stage | base | new |")
+        print("|---|---:|---:|")
+        for stage in (*STAGES, "step"):
+            cells = []
+            for name in ("base", "new"):
+                key = "median_step_ms" if stage == "step" else None
+                values = [r[key] if key else r["median_ms"][stage] for r in runs[name, threads]]
+                cells.append(f"{statistics.median(values):.2f}")
+            print(f"| {stage} | {' | '.join(cells)} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({f"{k[0]}-{k[1]}": v for k, v in runs.items()}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=["profile", "ab", "floor"])
+    parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1])
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--base-python", default=None)
+    parser.add_argument("--base-root", default=None)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--rolled-out", type=int, default=40, help="floor: rows rolled out")
+    args = parser.parse_args()
+    if args.mode == "floor":
+        for shared in (False, True):
+            record = floor(128, args.rolled_out, 8, 9, args.steps, shared)
+            print(json.dumps({"prompt_once": shared, **record}))
+    elif args.mode == "profile":
+        print(json.dumps(measure(args.seed, args.threads[0], args.warmup, args.steps)))
+    else:
+        ab(args)
+
+
+if __name__ == "__main__":
+    main()
