@@ -85,37 +85,42 @@ def table(rows: dict[str, dict[str, list[float]]]) -> str:
 
 
 def plot(rows: dict[str, dict[str, list[float]]], out: Path) -> None:
+    """Each method's mean (large marker) and its seeds (small markers of the same colour): with
+    two or three seeds a t-interval spans more than the axes, so the seeds themselves are shown."""
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.2))
     colours = plt.get_cmap("tab10")
+    keys = ("exact.expected_distinct.6400", "exact.uniformity")
     for i, (name, metrics) in enumerate(rows.items()):
-        acc = interval(metrics["exact.acc"])
-        for ax, key in zip(axes, ("exact.expected_distinct.6400", "exact.uniformity"), strict=True):
-            if not metrics.get(key):
+        colour = colours(i % 10)
+        acc = metrics["exact.acc"]
+        for ax, key in zip(axes, keys, strict=True):
+            xs = metrics.get(key, [])
+            if not xs:
                 continue
-            x = interval(metrics[key])
-            ax.errorbar(
-                x[0],
-                acc[0],
-                xerr=x[1],
-                yerr=acc[1],
-                fmt="o",
-                capsize=3,
-                color=colours(i % 10),
-                label=name,
+            ax.scatter(xs, acc, s=14, color=colour, alpha=0.45)
+            ax.scatter(
+                statistics.fmean(xs),
+                statistics.fmean(acc),
+                s=70,
+                color=colour,
+                edgecolor="black",
+                label=name if key == keys[0] else None,
             )
     for name, (acc, distinct) in PAPER.items():
-        axes[0].plot(distinct, acc, marker="*", markersize=12, linestyle="", label=name)
+        axes[0].plot(distinct, acc, marker="*", markersize=13, linestyle="", label=name)
     for name, (acc, distinct, uniform) in TARGET.items():
         axes[0].plot(distinct, acc, marker="X", color="black", linestyle="", label=name)
         axes[1].plot(uniform, acc, marker="X", color="black", linestyle="")
     axes[0].set_xscale("log")
     axes[0].set_xlabel("E[distinct correct] at N = 6,400 (exact)")
     axes[1].set_xlabel("uniformity over the solutions, H(π|Y*) / log |Y*|")
+    axes[1].set_xlim(-0.03, 1.03)
     for ax in axes:
         ax.set_ylabel("exact Acc = π(Y*)")
+        ax.set_ylim(-0.03, 1.03)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7, loc="lower left")
-    fig.suptitle("Expr24, embedded model, 1500 steps: mean ± 95% CI over seeds")
+    axes[0].legend(fontsize=7, loc="center left")
+    fig.suptitle("Expr24, embedded model, 1500 steps: each method's mean (large) and seeds (small)")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
