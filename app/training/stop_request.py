@@ -9,6 +9,11 @@ to the ranks about a millisecond later. So
 - a SIGTERM within ``REPEAT_WINDOW`` seconds of the first request is the same request;
 - a second SIGINT (an explicit second Ctrl-C), a SIGINT after a SIGTERM, or a SIGTERM after the
   window aborts with the signal's default action (no checkpoint).
+
+A run stopped by a SIGTERM may finish its step and checkpoint within a fraction of a second, so
+the repeat can arrive after the loop has left ``catching_signals``: there SIGTERM's default
+action is not put back until the window has passed (a repeat inside it is still ignored), so the
+process exits with 143 as it means to instead of dying of the repeat.
 """
 
 from __future__ import annotations
@@ -61,7 +66,16 @@ class StopRequest:
             yield
         finally:
             for signum, handler in previous.items():
-                signal.signal(signum, handler)
+                stopping = signum == signal.SIGTERM == self.signum and handler is signal.SIG_DFL
+                signal.signal(signum, self._after_stop if stopping else handler)
+
+    def _after_stop(self, signum: int, frame: Any) -> None:
+        """SIGTERM after the loop stopped on one: a repeat within the window is ignored, a later
+        one takes SIGTERM's default action."""
+        if self._since is not None and time.monotonic() - self._since < REPEAT_WINDOW:
+            return
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
