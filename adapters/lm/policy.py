@@ -15,19 +15,14 @@ gradients (equal to the rollout's values up to float rounding when the model has
 in eval mode); ``reference_score`` does it without gradients for the frozen base model (the peft
 adapter disabled, or a frozen copy taken on first use). Both take a ``temperature`` (default 1):
 the log-probs of the softmax of logits / temperature, which the RL baselines score at their
-sampling temperature as TRL does; the GFlowNet objectives always score temperature 1. Each
-distinct prompt is tokenised once; rows of different prompts are left-padded to the longest (mask
-0, explicit positions), rows of one prompt need no padding; tokens after a row's stop are ignored.
-Where ``raptb.adapters.lm.lean_gpt2`` supports the model (``HFPolicy.uses_lean_gpt2``: the
-embedded GPT-2 on one process), rollout and rescoring run through it, a prompt shared by all rows
-computed once.
+sampling temperature as TRL does; the GFlowNet objectives always score temperature 1. Prompts
+are tokenised once; rows are left-padded to the longest prompt; tokens after a stop are ignored.
+``lean_gpt2`` runs rollout and rescoring where it supports the model (``uses_lean_gpt2``).
 
 Activation checkpointing (:meth:`HFPolicy.enable_activation_checkpointing`, TRL's
-``gradient_checkpointing``) applies to that teacher-forced pass: its blocks keep their inputs
-instead of their activations and run again in backward (transformers' own per-block checkpointing,
-non-reentrant, inside FSDP2's hooks). transformers checkpoints in training mode only, and drops a
-checkpointing block's KV cache; the rollout runs the model in eval mode (under ``no_grad``, with
-the cache), as does the reference pass, so neither is affected.
+``gradient_checkpointing``) applies to that teacher-forced pass (transformers' own per-block,
+non-reentrant checkpointing, inside FSDP2's hooks; training mode only): the rollout and the
+reference pass run in eval mode with the KV cache, so neither is affected.
 """
 
 from __future__ import annotations

@@ -103,18 +103,14 @@ class Trainer:
 
         1. the process group (``dist``) and this rank's share of the batch;
         2. the checkpoint to resume from (rank 0 chooses, every rank loads the same one);
-        3. the task (``build_task``) and the task-constrained policy (``build_policy``: model,
-           tokenizer, grammar, LoRA), from the seed;
-        4. the reward: the task's score behind a caller (workers, failure counting), the
-           per-prefix scorer with its cache, and the reward schedule;
-        5. the shared RNG of the step plans, the step counter and the run's counters;
+        3. the task and its constrained policy (model, tokenizer, grammar, LoRA), from the seed;
+        4. the reward: the task's score behind a caller, the prefix scorer, the reward schedule;
+        5. the shared RNG of the step plans, the step and run counters;
         6. the algorithm the loss's registry entry names, built on this trainer (its objective,
            logZ or value head, replay buffer), and the frozen reference when it needs one;
-        7. weights from the checkpoint, activation checkpointing and FSDP sharding, in that
-           order;
+        7. weights from the checkpoint, activation checkpointing, FSDP sharding, in that order;
         8. AdamW over the policy's trainable parameters and the algorithm's own groups;
-        9. the per-rank sampling streams, the stop request (Ctrl-C/SIGTERM), and the trainer
-           state from the checkpoint (optimizer, RNGs, buffer, counters).
+        9. per-rank sampling streams, the stop request, the checkpoint's trainer state.
         """
         self.started = monotonic()  # the start of ``time_limit``
         self.cfg = config
