@@ -1,7 +1,7 @@
 """The ``[rl]`` section of a run's configuration: the reward-maximising baselines PPO and GRPO
 (``--loss ppo|grpo``, app.training.rl.grpo and .ppo), GRPO's variants (``--loss
-dapo|passk|ucpo``) and ROVER (``--loss rover``) with TRL's names (or the authors' where TRL has
-none), their defaults read from core's dataclasses so that each is written once. What each RL
+dapo|passk|ucpo|g2rpo``) and ROVER (``--loss rover``) with TRL's names (or the authors' where TRL
+has none), their defaults read from core's dataclasses so that each is written once. What each RL
 loss sets under the file and the flags is its entry's in app.configuration.losses.
 """
 
@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from raptb.app.configuration.sections import Section, core_default
+from raptb.core.rl.g2rpo import G2RPO
 from raptb.core.rl.grpo import GRPO
 from raptb.core.rl.passk import PassK
 from raptb.core.rl.ppo import PPO
@@ -25,7 +26,8 @@ from raptb.core.rl.ucpo import UCPO
 GRPO_TEMPERATURE = 1.0
 PPO_TEMPERATURE = 0.7
 # TRL's defaults as core writes them (the names the two share are not in the [rl] section)
-_RL_DEFAULTS = {f.name: f.default for cls in (PPO, GRPO, PassK, UCPO, ROVER) for f in fields(cls)}
+_RL_CLASSES = (PPO, GRPO, PassK, UCPO, G2RPO, ROVER)
+_RL_DEFAULTS = {f.name: f.default for cls in _RL_CLASSES for f in fields(cls)}
 
 
 def _trl(name: str, description: str, **constraints: Any) -> Any:
@@ -116,6 +118,14 @@ class RLConfig(Section):
     )
     ucpo_alpha: float = _trl(
         "ucpo_alpha", "UCPO: sharpening of the incorrect set (the authors' alpha; 0: off).", ge=0
+    )
+    g2rpo_lambda: float = _trl(
+        "g2rpo_lambda",
+        "G2RPO: weight of the bonus on correct rows, inverse to their probability (0: GRPO).",
+        ge=0,
+    )
+    g2rpo_cap: float = _trl(
+        "g2rpo_cap", "G2RPO: bound of the bonus before its weight (of 1 / (n pi_old(y))).", gt=0
     )
     norm_adv_by_std_in_grpo: bool = _trl(
         "norm_adv_by_std_in_grpo",

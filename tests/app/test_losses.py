@@ -23,7 +23,7 @@ def test_each_loss_reads_its_section_and_presets():
     with pytest.raises(ConfigError, match="rows_per_prompt 6 must each be a multiple"):
         build_config(overrides={"loss": "grpo", "optim.rows_per_prompt": 6})  # grouped
     assert build_config(overrides={"loss": "ppo", "optim.rows_per_prompt": 6})  # not grouped
-    assert list(LOSSES)[-6:] == ["grpo", "ppo", "dapo", "passk", "ucpo", "rover"]
+    assert list(LOSSES)[-7:] == ["grpo", "ppo", "dapo", "passk", "ucpo", "g2rpo", "rover"]
 
 
 @pytest.mark.parametrize(
@@ -41,6 +41,7 @@ def test_an_inconsistent_entry_is_refused(arguments, message):
 
 def test_grpo_variants_read_the_rl_section_and_presets():
     from raptb.core.rl.dapo import DAPO
+    from raptb.core.rl.g2rpo import G2RPO
     from raptb.core.rl.passk import PassK
     from raptb.core.rl.ucpo import UCPO
 
@@ -54,3 +55,8 @@ def test_grpo_variants_read_the_rl_section_and_presets():
     assert UCPO.reads_sequence_log_probs and not PassK.reads_sequence_log_probs
     with pytest.raises(ConfigError, match="ucpo_tau"):
         build_config(overrides={"loss": "ucpo", "rl.ucpo_tau": 1.5})
+    g2rpo = build_config(overrides={"loss": "g2rpo", "rl.g2rpo_lambda": 0.5})
+    assert g2rpo.replay.kind == "none" and G2RPO.reads_sequence_log_probs
+    assert g2rpo.build_objective() == G2RPO(g2rpo_lambda=0.5, g2rpo_cap=10.0)
+    with pytest.raises(ConfigError, match="g2rpo_cap"):
+        build_config(overrides={"loss": "g2rpo", "rl.g2rpo_cap": 0})

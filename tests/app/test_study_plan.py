@@ -220,8 +220,8 @@ def test_shipped_studies_plan(study):
     # the paper's tables over three seeds; the default-model choice and the logZ starts over five;
     # the quickstart one; the screens over the two seeds they were run with; the replay share over
     # five, five more seeds (5-9) of the default and a larger share, a larger buffer over five;
-    # the RL methods' knob screen over two, their comparison over five; the paper's horizon over
-    # five and its settings' screen over two
+    # the RL methods' knob screen over two, their comparison over five and two unseen seeds; the
+    # paper's horizon over five and its settings' screen over two
     want = {
         "quickstart.toml": {0},
         "default_model.toml": {0, 1, 2, 3, 4},
@@ -233,6 +233,7 @@ def test_shipped_studies_plan(study):
         "default_capacity_replay.toml": {0, 1, 2, 3, 4},
         "diversity_zoo_screen.toml": {0, 1},
         "diversity_zoo.toml": {0, 1, 2, 3, 4},
+        "diversity_zoo_unseen.toml": {13, 14},
         "horizon_5000.toml": {0, 1, 2, 3, 4},
         "horizon_5000_frontier.toml": {0, 1},
     }.get(study.name)

@@ -2,9 +2,10 @@
 (the step's batch_size x grad_accum rows): advantages over all its rows (every process's:
 ``scale_rewards = "batch"`` divides by their std), dapo/cispo normalised by all its actions, the
 loss accumulated over micro-batches of batch_size rows (app.training.rl.rl_step). The advantages are
-the objective's (``GRPO.advantages``): GRPO's group normalisation, or a subclass's (Pass@k's,
-UCPO's, which also reads each row's sequence log-prob). With ``rl.filter_groups`` the groups whose
-rewards are all equal are refilled first (DAPO's dynamic sampling, .dynamic_sampling)."""
+the objective's (``GRPO.advantages``): GRPO's group normalisation, or a subclass's (Pass@k's;
+UCPO's and G²RPO's, which also read each row's sequence log-prob). With ``rl.filter_groups`` the
+groups whose rewards are all equal are refilled first (DAPO's dynamic sampling,
+.dynamic_sampling)."""
 
 from __future__ import annotations
 
