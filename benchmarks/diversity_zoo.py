@@ -13,6 +13,11 @@ with a 95% t-interval), and writes ``frontier.md`` (the table) and ``frontier.pn
 exact Acc against E[distinct], and against uniformity), with the paper's two Expr24 points
 (Llama-3.2-1B; its Unique is the sampled count at N = 6400) and the target itself (uniform over
 the 75,445 solutions: Acc 1, E[distinct] 6,136, uniformity 1). Up and to the right is better.
+
+With ``--unseen benchmarks/results/diversity_zoo_unseen/runs.csv`` it also writes ``unseen.md``:
+each run of that study (a method run as the main job at a seed the comparison did not use) beside
+the comparison's 95% interval of the mean and its 95% prediction interval for one more run
+(mean ± t_{S-1,0.975} sd sqrt(1 + 1/S)), and whether the run lies inside each.
 """
 
 from __future__ import annotations
@@ -53,6 +58,48 @@ def interval(values: list[float]) -> tuple[float, float]:
         return mean, 0.0
     half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
     return mean, half
+
+
+def prediction(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of the 95% prediction interval for one more value."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, math.inf
+    n = len(values)
+    return mean, stats.t.ppf(0.975, n - 1) * statistics.stdev(values) * math.sqrt(1 + 1 / n)
+
+
+UNSEEN_KEYS = ("exact.acc", "exact.expected_distinct.6400", "exact.uniformity")
+
+
+def unseen_table(rows: dict[str, dict[str, list[float]]], path: Path) -> str:
+    """One line per run of ``path`` (a runs.csv): its values against the comparison's row."""
+    head = ["method", "seed"] + [
+        f"{h} (run; mean ± CI; prediction)" for k, h, _ in COLUMNS if k in UNSEEN_KEYS
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|---|---:|" + "---|" * len(UNSEEN_KEYS)]
+    with path.open() as handle:
+        for run in csv.DictReader(handle):
+            study = rows.get(run["row"], {})
+            cells = []
+            for key, _, decimals in COLUMNS:
+                if key not in UNSEEN_KEYS:
+                    continue
+                value, values = float(run[key]), study.get(key, [])
+                if not values:
+                    cells.append(f"{value:.{decimals}f}; not in the comparison")
+                    continue
+                (mean, half), (_, wide) = interval(values), prediction(values)
+                # within the rounding the tables print: a run equal to a zero-width mean is in it
+                slack = 0.5 * 10.0**-decimals
+                inside = "in" if abs(value - mean) <= half + slack else "out"
+                inside_p = "in" if abs(value - mean) <= wide + slack else "out"
+                cells.append(
+                    f"{value:.{decimals}f}; {mean:.{decimals}f} ± {half:.{decimals}f} ({inside}); "
+                    f"± {wide:.{decimals}f} ({inside_p})"
+                )
+            lines.append(f"| {run['row']} | {run['seed']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def by_row(paths: list[Path]) -> dict[str, dict[str, list[float]]]:
@@ -132,12 +179,19 @@ def main() -> None:
         "--runs", nargs="+", type=Path, default=[RESULTS / "diversity_zoo" / "runs.csv"]
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "diversity_zoo")
+    parser.add_argument(
+        "--unseen", type=Path, help="runs.csv of runs at seeds the study did not use"
+    )
     args = parser.parse_args()
     rows = by_row(args.runs)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "frontier.md").write_text(table(rows))
     plot(rows, args.out / "frontier.png")
     print(table(rows))
+    if args.unseen is not None:
+        text = unseen_table(rows, args.unseen)
+        (args.out / "unseen.md").write_text(text)
+        print(text)
 
 
 if __name__ == "__main__":
