@@ -51,4 +51,9 @@ PLANS: dict[str, tuple[Stage, ...]] = {
         Stage("environment", "stages_speed", 30, min_s=5),
         Stage("next_cells", "stages_train", 480, min_s=120),
     ),
+    # issue 41: RapTB + SubM against the field's best RL method of the Expr24 comparison
+    "field_pair": (
+        Stage("environment", "stages_speed", 30, min_s=5),
+        Stage("field_pair", "stages_train", 480, min_s=120),
+    ),
 }

@@ -1,5 +1,6 @@
-"""Training stages of the GPU plans: the headline pair of issue 20 and the next missing cells of
-the SmolLM2-135M tables, as ``raptb train`` runs side by side on the one GPU.
+"""Training stages of the GPU plans: the headline pair of issue 20, the next missing cells of the
+SmolLM2-135M tables, and RapTB + SubM against the field's best RL method, as ``raptb train`` runs
+side by side on the one GPU.
 
 Every run is the CLI itself (``python -m raptb train ... --time-limit M``), so a run stopped by
 the clock is checkpointed and evaluated like a finished one; then ``raptb eval RUN --exact``
@@ -160,6 +161,20 @@ def headline_pair(ctx: StageContext) -> dict[str, Any]:
     """RapTB + SubM against TB + RP on SmolLM2-135M, side by side under one wall-clock limit."""
     rows = train_side_by_side(ctx, [Cell("raptb", "subm"), Cell("tb", "rp")])
     return {"runs": rows, "errors": errors(rows), "files": {"headline_smollm2.json": rows}}
+
+
+FIELD_RL = "passk"
+"""The RL method of the Expr24 comparison (docs/rl-baselines.md, "The field side by side") whose
+exact evaluation came nearest RapTB + SubM's coverage at a comparable accuracy: the one the
+``field_pair`` plan runs against RapTB + SubM on the real model."""
+
+
+def field_pair(ctx: StageContext) -> dict[str, Any]:
+    """RapTB + SubM against ``FIELD_RL`` on SmolLM2-135M, side by side at equal minutes (one
+    wall-clock limit), each evaluated exactly: does the comparison's ordering hold on a
+    pretrained model?"""
+    rows = train_side_by_side(ctx, [Cell("raptb", "subm"), Cell(FIELD_RL, "none")])
+    return {"runs": rows, "errors": errors(rows), "files": {"field_smollm2.json": rows}}
 
 
 def missing_cells(done: list[dict[str, Any]]) -> list[Cell]:

@@ -54,6 +54,7 @@ PLAN_PACKAGES: dict[str, tuple[str, ...]] = {
     "smiles": (*BASE, "rdkit"),
     "scales": (*BASE, "rdkit"),
     "smollm2_tables": (*BASE, MODEL),
+    "field_pair": (*BASE, MODEL),
 }
 """What each plan needs besides the image, raptb's wheel and the tokenizer (CommonGen's simplemma
 and AMP's rapidfuzz are not staged: no plan runs those tasks)."""

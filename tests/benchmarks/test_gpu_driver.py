@@ -119,3 +119,33 @@ def test_a_failing_or_slow_stage_is_recorded_and_the_next_runs(tmp_path, monkeyp
     assert stages["fine"]["status"] == "ok" and stages["fine"]["result"] == {"value": 1}
     assert stages["fine_later"]["status"] == "skipped"  # needs more time than is left
     assert json.loads((out / "extra.json").read_text()) == [{"a": 1}]
+
+
+def test_field_pair_plan_trains_raptb_subm_beside_the_fields_rl_method(tmp_path, monkeypatch):
+    # the plan's cells and file, without training (the shared train_side_by_side is run by the
+    # first plan's dry run above); the RL cell's flags build a valid run config
+    monkeypatch.syspath_prepend(str(GPU))
+    import stages_train
+    import staging
+    from context import StageContext
+    from plans import PLANS
+
+    from raptb.app.configuration.config import build_config
+
+    assert [s.name for s in PLANS["field_pair"]] == ["environment", "field_pair"]
+    assert staging.MODEL in staging.PLAN_PACKAGES["field_pair"]
+    seen = []
+
+    def fake(ctx, cells):
+        seen.extend(cells)
+        return [{**vars(c), "exit_code": 0, "eval_exit_code": 0} for c in cells]
+
+    monkeypatch.setattr(stages_train, "train_side_by_side", fake)
+    ctx = StageContext(work=tmp_path, budget_s=600, dry_run=True)
+    result = stages_train.field_pair(ctx)
+    rl = stages_train.FIELD_RL
+    assert [(c.loss, c.replay) for c in seen] == [("raptb", "subm"), (rl, "none")]
+    assert result["errors"] == [] and list(result["files"]) == ["field_smollm2.json"]
+    flags = stages_train._flags(ctx, seen[1])
+    overrides = {"loss": rl, "replay.kind": flags[flags.index("--replay") + 1], "model": "tiny"}
+    assert build_config(overrides=overrides).replay.kind == "none"
