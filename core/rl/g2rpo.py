@@ -26,8 +26,12 @@ proportion to its probability: the winner-take-all field the paper names), the g
 lambda |Y*| times minus the cross-entropy of the uniform distribution over Y* to pi. The cap
 bounds the variance that 1 / pi brings when a rare mode is drawn (the abstract's "side effects
 can be mitigated"); a mode with pi_old(y) >= 1 / (n c) gets less than the cap, the most likely
-ones the least. When the paper's formula is published, a test against it replaces the
-hand-computed ones (tests/core/test_g2rpo.py).
+ones the least. The defaults, lambda 0.1 and c = 1000, are the screen's (studies/
+diversity_zoo_screen.toml, Expr24, two seeds): with c = 10 the bonus is the same lambda c for
+nearly every correct text of the embedded model (pi_old(y) < 1 / (8 x 10)), a flat reward, and
+every run collapsed onto one solution at lambda 0.1 and 0.5; with c = 1000 it tells the rare
+texts from the common ones and the runs kept hundreds. When the paper's formula is published, a
+test against it replaces the hand-computed ones (tests/core/test_g2rpo.py).
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ class G2RPO(GRPO):
     name: ClassVar[str] = "g2rpo"
     reads_sequence_log_probs: ClassVar[bool] = True
     g2rpo_lambda: float = 0.1
-    g2rpo_cap: float = 10.0
+    g2rpo_cap: float = 1000.0
 
     def __post_init__(self) -> None:
         super().__post_init__()

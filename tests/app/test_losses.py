@@ -57,6 +57,6 @@ def test_grpo_variants_read_the_rl_section_and_presets():
         build_config(overrides={"loss": "ucpo", "rl.ucpo_tau": 1.5})
     g2rpo = build_config(overrides={"loss": "g2rpo", "rl.g2rpo_lambda": 0.5})
     assert g2rpo.replay.kind == "none" and G2RPO.reads_sequence_log_probs
-    assert g2rpo.build_objective() == G2RPO(g2rpo_lambda=0.5, g2rpo_cap=10.0)
+    assert g2rpo.build_objective() == G2RPO(g2rpo_lambda=0.5, g2rpo_cap=1000.0)
     with pytest.raises(ConfigError, match="g2rpo_cap"):
         build_config(overrides={"loss": "g2rpo", "rl.g2rpo_cap": 0})

@@ -38,7 +38,9 @@ def test_g2rpo_by_hand():
     # one group of 4: two correct with pi_old 0.5 and 0.01, two wrong; lambda 0.1, cap 10
     rewards = np.array([1.0, 0.0, 1.0, 0.0])
     log_probs = np.log([0.5, 0.1, 0.01, 0.2])
-    adv, std = G2RPO(num_generations=4, g2rpo_lambda=0.1).advantages(rewards, log_probs)
+    adv, std = G2RPO(num_generations=4, g2rpo_lambda=0.1, g2rpo_cap=10.0).advantages(
+        rewards, log_probs
+    )
     s = math.sqrt(1 / 3) + STD_EPS  # Bessel std of (1, 0, 1, 0)
     # 1 / (4 x 0.5) = 0.5 -> bonus 0.05; 1 / (4 x 0.01) = 25 -> capped at 10 -> bonus 1
     np.testing.assert_allclose(adv, [0.5 / s + 0.05, -0.5 / s, 0.5 / s + 1.0, -0.5 / s], rtol=1e-12)
