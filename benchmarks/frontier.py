@@ -3,6 +3,9 @@
 Usage (from the repository root):
 
     python benchmarks/frontier.py [--out benchmarks/results/headline/frontier.png]
+    python benchmarks/frontier.py --studies horizon_5000 horizon_5000_frontier \
+        horizon_5000_capacity --out benchmarks/results/horizon_5000/frontier.png \
+        --title "Expr24, embedded model, 5,000 steps" --ymin 0.8 --ceiling  # that horizon only
 
 Reads the committed per-run values of the studies that evaluate exactly
 (``benchmarks/results/<study>/runs.csv``: ``exact.acc`` = pi(Y*) and
@@ -108,12 +111,19 @@ def main() -> None:
         nargs="*",
         default=[RESULTS / "headline" / name for name in ("ceiling.json", "ceiling_long.json")],
     )
+    parser.add_argument(
+        "--studies", nargs="+", default=list(STUDIES), help="results/<study>/runs.csv to draw"
+    )
+    parser.add_argument(
+        "--title", default="Expr24 on the embedded 2 x 64 model: every setting tried"
+    )
+    parser.add_argument("--ymin", type=float, default=-0.02, help="lower end of the Acc axis")
     args = parser.parse_args()
     fig, ax = plt.subplots(figsize=(10, 7))
     # one colour per setting (40 before a colour repeats)
     ax.set_prop_cycle(color=plt.get_cmap("tab20").colors + plt.get_cmap("tab20b").colors)
     markers = iter("osD^v<>p*hX")
-    for study in STUDIES:
+    for study in args.studies:
         path = RESULTS / study / "runs.csv"
         if not path.exists():
             continue
@@ -142,8 +152,8 @@ def main() -> None:
     ax.set_xscale("log")
     ax.set_xlabel("E[distinct correct in N = 6400 draws] (exact)")
     ax.set_ylabel("exact Acc = pi(Y*)")
-    ax.set_ylim(-0.02, 1.05)
-    ax.set_title("Expr24 on the embedded 2 x 64 model: every setting tried (mean ± 95% CI)")
+    ax.set_ylim(args.ymin, 1.05)
+    ax.set_title(f"{args.title} (mean ± 95% CI)")
     ax.legend(fontsize=6, loc="lower left", bbox_to_anchor=(0, 0))
     ax.grid(alpha=0.3)
     args.out.parent.mkdir(parents=True, exist_ok=True)
