@@ -220,8 +220,9 @@ def test_shipped_studies_plan(study):
     # the paper's tables over three seeds; the default-model choice and the logZ starts over five;
     # the quickstart one; the screens over the two seeds they were run with; the replay share over
     # five, five more seeds (5-9) of the default and a larger share, a larger buffer over five;
-    # the RL methods' knob screen over two, their comparison over five and two unseen seeds; the
-    # paper's horizon over five, its settings' screen over two, a larger buffer there over three
+    # the RL methods' knob screen over two, their comparison over five, two unseen seeds and
+    # G²RPO's 5-9; the paper's horizon over five, its settings' screen over two, a larger buffer
+    # there over three
     want = {
         "quickstart.toml": {0},
         "default_model.toml": {0, 1, 2, 3, 4},
@@ -234,6 +235,7 @@ def test_shipped_studies_plan(study):
         "diversity_zoo_screen.toml": {0, 1},
         "diversity_zoo.toml": {0, 1, 2, 3, 4},
         "diversity_zoo_unseen.toml": {13, 14},
+        "diversity_zoo_g2rpo.toml": {5, 6, 7, 8, 9},
         "horizon_5000.toml": {0, 1, 2, 3, 4},
         "horizon_5000_frontier.toml": {0, 1},
         "horizon_5000_capacity.toml": {0, 1, 2},
