@@ -62,11 +62,8 @@ def interval(values: list[float]) -> tuple[float, float]:
 
 def prediction(values: list[float]) -> tuple[float, float]:
     """Mean and the half-width of the 95% prediction interval for one more value."""
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, math.inf
-    n = len(values)
-    return mean, stats.t.ppf(0.975, n - 1) * statistics.stdev(values) * math.sqrt(1 + 1 / n)
+    mean, half = interval(values)  # t sd / sqrt(n); the prediction's is t sd sqrt(1 + 1/n)
+    return mean, half * math.sqrt(len(values) + 1) if len(values) > 1 else math.inf
 
 
 UNSEEN_KEYS = ("exact.acc", "exact.expected_distinct.6400", "exact.uniformity")
@@ -92,11 +89,12 @@ def unseen_table(rows: dict[str, dict[str, list[float]]], path: Path) -> str:
                 (mean, half), (_, wide) = interval(values), prediction(values)
                 # within the rounding the tables print: a run equal to a zero-width mean is in it
                 slack = 0.5 * 10.0**-decimals
-                inside = "in" if abs(value - mean) <= half + slack else "out"
-                inside_p = "in" if abs(value - mean) <= wide + slack else "out"
+                inside = [
+                    "in" if abs(value - mean) <= width + slack else "out" for width in (half, wide)
+                ]
                 cells.append(
-                    f"{value:.{decimals}f}; {mean:.{decimals}f} ± {half:.{decimals}f} ({inside}); "
-                    f"± {wide:.{decimals}f} ({inside_p})"
+                    f"{value:.{decimals}f}; {mean:.{decimals}f} ± {half:.{decimals}f} "
+                    f"({inside[0]}); ± {wide:.{decimals}f} ({inside[1]})"
                 )
             lines.append(f"| {run['row']} | {run['seed']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

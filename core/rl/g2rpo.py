@@ -55,8 +55,7 @@ def g2rpo_bonus(
     > 0, else 0 (the module docstring); computed in log space, exp(min(-log n - log pi, log c))."""
     xp = array_namespace(rewards)
     log_inverse = -math.log(num_generations) - sequence_log_probs
-    capped = xp.full_like(log_inverse, math.log(cap))
-    bonus = weight * xp.exp(xp.where(log_inverse > capped, capped, log_inverse))
+    bonus = weight * xp.exp(xp.minimum(log_inverse, xp.full_like(log_inverse, math.log(cap))))
     return xp.where(rewards > 0, bonus, xp.zeros_like(bonus))
 
 
