@@ -76,7 +76,7 @@ def measure(seed: int, threads: int, warmup: int, steps: int) -> dict[str, Any]:
     from rich.console import Console
 
     from raptb.app.configuration.config import build_config
-    from raptb.app.training.algorithms import gflownet
+    from raptb.app.training.gflownet import algorithm as gflownet
     from raptb.app.training.train import Trainer
 
     overrides: dict[str, Any] = {"task": "expr24", "loss": "raptb", "replay.kind": "subm"}
