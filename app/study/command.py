@@ -84,7 +84,12 @@ def _print_plan(tasks: list[RunTask]) -> None:
 
 def study_command(
     study: Annotated[Path, typer.Argument(help="Study file (TOML); see docs/studies.md.")],
-    workers: Annotated[int, typer.Option(help="Runs at a time (threads: cores // workers).")] = 1,
+    workers: Annotated[
+        int,
+        typer.Option(
+            help="Runs at a time (threads: cores // workers, or the run's own when fewer)."
+        ),
+    ] = 1,
     out: Annotated[
         Path | None, typer.Option(help="Output folder. (default: runs/studies/<study name>)")
     ] = None,

@@ -1,7 +1,8 @@
 """Run a study's runs, ``workers`` at a time, each as ``raptb train`` then ``raptb eval`` children.
 
 Children keep a crash to their own run: a failed run is recorded with its reason and log, and
-the others go on. Each child gets ``threads = max(1, cores // workers)`` torch threads. The
+the others go on. Each child gets ``max(1, cores // workers)`` torch threads, or its run's own
+``threads`` when that is fewer (the embedded tiny model's 1: ``run_threads``). The
 children's output goes to ``study-train.log`` / ``study-eval.log`` in the run directory, and
 ``study.json`` records the wall time of training (summed over resumptions) and evaluation.
 
@@ -93,6 +94,14 @@ def threads_per_run(workers: int, cores: int | None = None) -> int:
     return max(1, (cores or available_cores()) // workers)
 
 
+def run_threads(configured: int | None, share: int) -> int:
+    """Torch threads for a run whose config sets ``configured`` (None: torch's choice), when the
+    study gives each run ``share`` cores: the share, or fewer where the run asks for fewer (a
+    second thread does not speed the embedded model's step up, and slows it down many times when
+    its busy-waiting threads meet other jobs on the cores: benchmarks/step_speed.md)."""
+    return share if configured is None else max(1, min(configured, share))
+
+
 def train_args(task: RunTask, threads: int) -> list[str]:
     """``raptb train`` arguments: continue from the checkpoint, or start from the planned config."""
     if task.state.action == "resume":
@@ -148,6 +157,10 @@ class StudyRunner:
         self._lock = threading.Lock()
         self._phase: dict[str, str] = {}
 
+    def threads_of(self, task: RunTask) -> int:
+        """Torch threads for ``task``'s children (``run_threads``)."""
+        return run_threads(task.run.config.threads, self.threads)
+
     def _child(self, task: RunTask, phase: str, args: list[str]) -> tuple[int, float]:
         """Run one child to its end; its exit code and wall seconds."""
         with self._lock:
@@ -161,7 +174,7 @@ class StudyRunner:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=_child_env(self.threads),
+                env=_child_env(self.threads_of(task)),
             )
         return code, time.monotonic() - start
 
@@ -177,7 +190,7 @@ class StudyRunner:
             save_config(task.run.config, run_dir / PLANNED_CONFIG)
             _write_record(run_dir, train_seconds=0.0)
         if action in ("train", "restart", "resume"):
-            code, seconds = self._child(task, "train", train_args(task, self.threads))
+            code, seconds = self._child(task, "train", train_args(task, self.threads_of(task)))
             previous = (read_json(run_dir / RECORD) or {}).get("train_seconds", 0.0)
             _write_record(run_dir, train_seconds=previous + seconds)
             log = run_dir / "study-train.log"

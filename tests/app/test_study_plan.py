@@ -221,7 +221,7 @@ def test_shipped_studies_plan(study):
     # the quickstart one; the screens over the two seeds they were run with; the replay share over
     # five, five more seeds (5-9) of the default and a larger share, a larger buffer over five;
     # the RL methods' knob screen over two, their comparison over five, two unseen seeds and
-    # G²RPO's 5-9; the paper's horizon over five, its settings' screen over two, a larger buffer
+    # G²RPO's 5-9; the paper's horizon over five, its settings' screens over two, a larger buffer
     # there over five
     want = {
         "quickstart.toml": {0},
@@ -239,6 +239,7 @@ def test_shipped_studies_plan(study):
         "horizon_5000.toml": {0, 1, 2, 3, 4},
         "horizon_5000_frontier.toml": {0, 1},
         "horizon_5000_capacity.toml": {0, 1, 2, 3, 4},
+        "horizon_frontier_more.toml": {0, 1},
     }.get(study.name)
     assert {r.seed for r in runs} == set(spec.seeds) == (want or {0, 1, 2})
     result = CliRunner().invoke(app, ["study", str(study), "--dry-run"])
@@ -363,3 +364,35 @@ def test_trailing_mean_matches_a_direct_loop(values, window):
         for i in range(len(values))
     ]
     assert trailing_mean(values, window) == pytest.approx(expected, abs=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("configured", "share", "expected"),
+    [(None, 2, 2), (None, 1, 1), (1, 2, 1), (4, 2, 2), (2, 8, 2), (3, 1, 1)],
+)
+def test_run_threads_is_the_share_or_the_runs_own_when_fewer(configured, share, expected):
+    from raptb.app.study.run import run_threads
+
+    assert run_threads(configured, share) == expected
+
+
+def test_a_tiny_model_run_keeps_its_one_thread_when_the_study_could_give_it_more(tmp_path):
+    tiny = build_config(None, {"loss": "tb", "replay.kind": "rp", "steps": 10})
+    assert tiny.threads == 1  # the embedded model's preset
+    runner = StudyRunner(1, Console(), progress=False)
+    runner.threads = 2  # one worker on two cores
+    state = run_state(tiny, tmp_path / "run", 32, 0, resume=False)
+    task = RunTask(replace_config(tiny), tmp_path / "run", state, 32, 0)
+    assert runner.threads_of(task) == 1
+    assert train_args(task, runner.threads_of(task))[-3:] == ["--threads", "1", "--no-progress"]
+    unset = RunTask(
+        replace_config(tiny.model_copy(update={"threads": None})), tmp_path, state, 32, 0
+    )
+    assert runner.threads_of(unset) == 2
+
+
+def replace_config(config: TrainConfig):
+    """A stand-in for a planned run: what the runner reads of it (its config)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(config=config)
