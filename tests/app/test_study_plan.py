@@ -222,7 +222,7 @@ def test_shipped_studies_plan(study):
     # five, five more seeds (5-9) of the default and a larger share, a larger buffer over five;
     # the RL methods' knob screen over two, their comparison over five, two unseen seeds and
     # G²RPO's 5-9; the paper's horizon over five, its settings' screens over two, a larger buffer
-    # there over five
+    # and G²RPO there over five
     want = {
         "quickstart.toml": {0},
         "default_model.toml": {0, 1, 2, 3, 4},
@@ -240,6 +240,7 @@ def test_shipped_studies_plan(study):
         "horizon_5000_frontier.toml": {0, 1},
         "horizon_5000_capacity.toml": {0, 1, 2, 3, 4},
         "horizon_frontier_more.toml": {0, 1},
+        "horizon_5000_g2rpo.toml": {0, 1, 2, 3, 4},
     }.get(study.name)
     assert {r.seed for r in runs} == set(spec.seeds) == (want or {0, 1, 2})
     result = CliRunner().invoke(app, ["study", str(study), "--dry-run"])
