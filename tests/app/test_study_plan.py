@@ -24,7 +24,7 @@ from raptb.app.run_dir.run_config import save_config
 from raptb.app.run_dir.run_lock import run_lock
 from raptb.app.run_dir.run_log import read_log
 from raptb.app.study.command import write_report
-from raptb.app.study.plan import plan_study, select_runs
+from raptb.app.study.plan import PlannedRun, plan_study, select_runs
 from raptb.app.study.plots import curve_points, trailing_mean
 from raptb.app.study.run import RunTask, StudyRunner, eval_args, train_args
 from raptb.app.study.spec import StudyError, flatten, load_study
@@ -384,17 +384,11 @@ def test_a_tiny_model_run_keeps_its_one_thread_when_the_study_could_give_it_more
     runner = StudyRunner(1, Console(), progress=False)
     runner.threads = 2  # one worker on two cores
     state = run_state(tiny, tmp_path / "run", 32, 0, resume=False)
-    task = RunTask(replace_config(tiny), tmp_path / "run", state, 32, 0)
-    assert runner.threads_of(task) == 1
-    assert train_args(task, runner.threads_of(task))[-3:] == ["--threads", "1", "--no-progress"]
-    unset = RunTask(
-        replace_config(tiny.model_copy(update={"threads": None})), tmp_path, state, 32, 0
-    )
-    assert runner.threads_of(unset) == 2
 
+    def task(config: TrainConfig) -> RunTask:
+        run = PlannedRun("run", {}, None, 0, config, {})
+        return RunTask(run, tmp_path / "run", state, 32, 0)
 
-def replace_config(config: TrainConfig):
-    """A stand-in for a planned run: what the runner reads of it (its config)."""
-    from types import SimpleNamespace
-
-    return SimpleNamespace(config=config)
+    assert runner.threads_of(task(tiny)) == 1
+    assert train_args(task(tiny), 1)[-3:] == ["--threads", "1", "--no-progress"]
+    assert runner.threads_of(task(tiny.model_copy(update={"threads": None}))) == 2

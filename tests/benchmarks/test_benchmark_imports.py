@@ -30,20 +30,29 @@ def raptb_imports(source: str) -> list[tuple[str, str | None]]:
     return found
 
 
+def _names_missing(error: ModuleNotFoundError, module: str) -> bool:
+    """Whether ``error`` says ``module`` itself (or a package above it) is missing, rather than
+    a library it imports (an optional extra, say TRL for raptb.integrations.trl)."""
+    return error.name is not None and (module == error.name or module.startswith(f"{error.name}."))
+
+
 def resolves(module: str, name: str | None) -> bool:
-    """Whether ``from module import name`` (or ``import module``) would succeed."""
+    """Whether ``from module import name`` (or ``import module``) would find what it names."""
     try:
         imported = importlib.import_module(module)
-    except ModuleNotFoundError:
-        return False
+    except ModuleNotFoundError as error:
+        return not _names_missing(error, module)
     except ImportError:
-        return True  # the module exists but needs an optional extra (say raptb[trl])
+        return True  # the module exists but refuses without an optional extra
     if name is None or name == "*" or hasattr(imported, name):
         return True
+    submodule = f"{module}.{name}"
     try:
-        importlib.import_module(f"{module}.{name}")
-    except ModuleNotFoundError:
-        return False
+        importlib.import_module(submodule)
+    except ModuleNotFoundError as error:
+        return not _names_missing(error, submodule)
+    except ImportError:
+        return True
     return True
 
 
@@ -68,3 +77,13 @@ def test_a_moved_module_is_caught() -> None:
     assert not resolves("raptb.app.training.algorithms", "gflownet")
     assert not resolves("raptb.app.training.gflownet", "no_such_name")
     assert resolves("raptb.app.training.gflownet", "algorithm")
+
+
+def test_a_missing_library_is_not_a_missing_module() -> None:
+    def error(name: str) -> ModuleNotFoundError:
+        return ModuleNotFoundError(f"No module named '{name}'", name=name)
+
+    assert _names_missing(error("raptb.app.training.algorithms"), "raptb.app.training.algorithms")
+    assert _names_missing(error("raptb.app.nowhere"), "raptb.app.nowhere.deeper")
+    assert not _names_missing(error("trl"), "raptb.integrations.trl")
+    assert not _names_missing(error("raptb.app.train"), "raptb.app.training")
