@@ -37,6 +37,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from raptb.adapters.lm import lean_gpt2
 from raptb.adapters.lm.decode_mode import DecodeMode, resolve_decode
+from raptb.adapters.lm.distinct_rows import distinct_rows, stochastic_forward
 from raptb.adapters.lm.grammar import GrammarBatch
 from raptb.adapters.lm.rollout import sample_rollout, token_log_probs
 from raptb.adapters.lm.rollout_record import softmax_entropy
@@ -107,6 +108,9 @@ class HFPolicy:
         self._sub_of = {full: sub for sub, full in enumerate(legal)}
         self._grammars: dict[int, GrammarBatch] = {}
         self._frozen_copy: PreTrainedModel | None = None
+        self.merge_copies = True
+        """Whether a scoring forward computes each distinct row once (``adapters.lm.distinct_rows``:
+        the same values and gradients, up to float rounding); off only to compare."""
         self.step_together: Callable[[bool], bool] | None = None
         """For a model sharded across processes (whose forwards are collectives): called once per
         rollout step with whether this process's rows have all stopped, it returns whether every
@@ -210,14 +214,51 @@ class HFPolicy:
         if b and (int(length.min()) < 0 or int(length.max()) > big_t):
             raise ValueError(f"length: values must lie in [0, T={big_t}]")
         rows = row_prompt_ids(self.prompt_ids, prompt, b) if b else []
+        # positions after the stop hold arbitrary ids; causal attention keeps them out of every
+        # earlier prefix, so any valid id will do
+        body = torch.where(
+            torch.arange(big_t, device=device) < length[:, None], tokens, self.stop_id
+        )
+        copies = None
+        if self.merge_copies and not stochastic_forward(model):
+            copies = distinct_rows(rows, body, length)
+        if copies is None:
+            return self._rows_log_probs(
+                model, prompt, rows, body, length, hidden, temperature, per_state
+            )
+        first = copies.first.tolist()
+        outputs = self._rows_log_probs(
+            model,
+            prompt if isinstance(prompt, str) else [prompt[i] for i in first],
+            [rows[i] for i in first],
+            body[copies.first],
+            length[copies.first],
+            hidden,
+            temperature,
+            per_state,
+        )
+        return tuple(copies.gather(out) for out in outputs)
+
+    def _rows_log_probs(
+        self,
+        model: PreTrainedModel,
+        prompt: str | Sequence[str],
+        rows: list[list[int]],
+        body: torch.Tensor,
+        length: torch.Tensor,
+        hidden: bool,
+        temperature: float,
+        per_state: Callable[[torch.Tensor], torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, ...]:
+        """``_forward_log_probs`` of checked rows: prompt ids ``rows``, tokens ``body`` [B, T]
+        (the stop id after each row's ``length``)."""
+        big_t = body.shape[1]
+        device = body.device
         # left-padded to the longest prompt (mask 0 on pads, each row's own positions), so every
         # row's first generated token sits in the same column
         cols = torch.arange(big_t, device=device)
         token_mask = cols[None, :] < length[:, None]
         prefix_mask = torch.arange(big_t + 1, device=device)[None, :] <= length[:, None]
-        # positions after the stop hold arbitrary ids; causal attention keeps them out of every
-        # earlier prefix, so any valid id will do
-        body = torch.where(token_mask, tokens, self.stop_id)
         hidden_states = None
         if rows and not hidden and self.uses_lean_gpt2(model):
             self.check_positions(max(len(row) for row in rows), big_t)

@@ -134,6 +134,14 @@ class OptimConfig(Section):
         ".md); the rollout is unaffected. Also on when the accelerate FSDP config sets "
         "fsdp_activation_checkpointing.",
     )
+    merge_copies: bool = Field(
+        True,
+        description="Teacher-forced scoring runs the model over the distinct rows of a batch "
+        "only: a row that repeats another (same prompt and trajectory) takes its log-"
+        "probabilities and adds its gradient to it, the same loss and update up to float "
+        "rounding (adapters/lm/distinct_rows.py; off under dropout, whose copies differ). "
+        "False runs every row, for comparison.",
+    )
 
 
 class DistributedConfig(Section):

@@ -166,6 +166,7 @@ class Trainer:
             self.policy.freeze_reference()  # the base weights, before any update or resume
         if checkpoint is not None:
             load_model_weights(self.policy.model, checkpoint)  # before sharding, if any
+        self.policy.merge_copies = config.optim.merge_copies
         sharding = self.dist.sharding
         if config.optim.gradient_checkpointing or (sharding and sharding.activation_checkpointing):
             self.policy.enable_activation_checkpointing()  # before sharding, if any

@@ -11,10 +11,13 @@ loss is a variance over the batch, holds the logZ estimate of all the step's row
 micro-batch). The buffer is refreshed once per step, with the step's on-policy rows.
 
 Every trajectory is re-scored by the current policy in one teacher-forced forward pass (with
-gradients). Rewards (app.reward.schedule): on-policy rows are scored with the task;
-replayed rows reuse the task-only rewards u stored with them unless lambda or the reward
-temperature is scheduled (then they are scored again, through the cache); when kappa > 0 the
-reference term kappa log P_ref is recomputed from the frozen reference model for every row.
+gradients), over the micro-batch's distinct rows: a row that repeats another (a replayed text drawn
+twice, a sample the buffer holds) takes the first copy's values and adds its gradient to it
+(adapters.lm.distinct_rows; the same loss and update, up to float rounding). Rewards
+(app.reward.schedule): on-policy rows are scored with the task; replayed rows reuse the task-only
+rewards u stored with them unless lambda or the reward temperature is scheduled (then they are
+scored again, through the cache); when kappa > 0 the reference term kappa log P_ref is recomputed
+from the frozen reference model for every row.
 
 logZ is a float32 scalar in its own AdamW parameter group with its own learning rate.
 
