@@ -18,6 +18,7 @@ Usage (from the repository root):
     python benchmarks/step_speed.py floor [--rolled-out 40 --steps 100]
     python benchmarks/step_speed.py ab --base-python /work/venv-base/bin/python \
         --base-root /work/wt-base [--rounds 3 --threads 1 0]
+    python benchmarks/step_speed.py copies [--phases 30 1000 2500 --steps 200 --loss grpo]
 
 ``profile`` prints one JSON record (median ms per stage, steps/s by wall and by process CPU
 time, the mean number of rows rolled out per step). ``floor`` prints the FLOPs of one step's
@@ -26,12 +27,19 @@ and backward, and the rollout of ``--rolled-out`` rows) and the time the bare pr
 one thread. ``ab`` runs the worker for the
 checkout at ``--base-root`` (its own interpreter, so its own install) and for this one,
 alternating round by round, each in a fresh process, and prints a Markdown table of steps/s and
-the ratio per thread setting and the stage medians of both sides.
+the ratio per thread setting and the stage medians of both sides. ``copies`` times one trainer
+with the scoring forward over the distinct rows only (``HFPolicy.merge_copies``,
+adapters/lm/distinct_rows.py) and over every row, alternating step by step for ``--steps`` steps
+each in one process, at each step of ``--phases`` (the training carried on between phases with
+the copies merged), and prints a Markdown table with the mean distinct rows per phase;
+``--loss`` another loss than the main job's RapTB (a GFlowNet loss with SubM, an RL one as its
+defaults have it).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import subprocess
@@ -76,8 +84,12 @@ def measure(seed: int, threads: int, warmup: int, steps: int) -> dict[str, Any]:
     from rich.console import Console
 
     from raptb.app.configuration.config import build_config
-    from raptb.app.training.gflownet import algorithm as gflownet
     from raptb.app.training.train import Trainer
+
+    try:
+        from raptb.app.training.gflownet import algorithm as gflownet
+    except ModuleNotFoundError:  # the A/B's base, 7ac515c: before the app/training move
+        gflownet = importlib.import_module("raptb.app.training.algorithms.gflownet")
 
     overrides: dict[str, Any] = {"task": "expr24", "loss": "raptb", "replay.kind": "subm"}
     overrides |= {"seed": seed, "threads": threads or None}
@@ -270,9 +282,70 @@ def ab(args: argparse.Namespace) -> None:
         Path(args.json).write_text(json.dumps({f"{k[0]}-{k[1]}": v for k, v in runs.items()}))
 
 
+def copies(args: argparse.Namespace) -> None:
+    """The scoring forward over distinct rows against every row, alternating in one trainer."""
+    import torch
+    from rich.console import Console
+
+    from raptb.adapters.lm import policy as policy_module
+    from raptb.app.configuration.config import build_config
+    from raptb.app.training.train import Trainer
+    from raptb.core.gfn.objectives import OBJECTIVES
+
+    overrides: dict[str, Any] = {"task": "expr24", "loss": args.loss}
+    if args.loss in OBJECTIVES:  # a GFlowNet objective: the main job's replay
+        overrides["replay.kind"] = "subm"
+    cfg = build_config(None, overrides | {"seed": args.seed, "threads": args.threads[0] or None})
+    quiet = Console(stderr=True, quiet=True)
+    trainer = Trainer(cfg, Path(tempfile.mkdtemp()), progress=False, console=quiet)
+    seen: list[tuple[int, int]] = []  # (rows, distinct rows) of each merged scoring forward
+    find = policy_module.distinct_rows
+
+    def counted(prompts: Any, body: Any, length: Any) -> Any:
+        found = find(prompts, body, length)
+        seen.append((body.shape[0], body.shape[0] if found is None else len(found.first)))
+        return found
+
+    policy_module.distinct_rows = counted
+
+    def run(steps: int) -> float:
+        tic = time.perf_counter()
+        for _ in range(steps):
+            if trainer._optimizer_step() is not None:
+                trainer.step += 1
+        return 1000 * (time.perf_counter() - tic) / steps
+
+    print(
+        "| from step | distinct rows per scoring forward | ms/step, merged (median; mean) | "
+        "ms/step, every row (median; mean) | ratio of medians | ratio of means |"
+    )
+    print("|---:|---:|---|---|---:|---:|")
+    for phase in args.phases:
+        trainer.policy.merge_copies = True
+        run(phase - trainer.step)
+        times: dict[bool, list[float]] = {True: [], False: []}
+        seen.clear()
+        # the two alternate step by step, so that the machine's drift falls on both alike
+        for index in range(2 * args.steps):
+            merge = index % 2 == 0
+            trainer.policy.merge_copies = merge
+            times[merge].append(run(1))
+        distinct = statistics.mean(n for _, n in seen)
+        rows = statistics.mean(b for b, _ in seen)
+        medians = [statistics.median(times[m]) for m in (True, False)]
+        means = [statistics.mean(times[m]) for m in (True, False)]
+        print(
+            f"| {phase} | {distinct:.1f} of {rows:.0f} | {medians[0]:.1f}; {means[0]:.1f} | "
+            f"{medians[1]:.1f}; {means[1]:.1f} | {medians[1] / medians[0]:.3f}x | "
+            f"{means[1] / means[0]:.3f}x |",
+            flush=True,
+        )
+    print(f"\ntorch threads {torch.get_num_threads()}, seed {args.seed}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["profile", "ab", "floor"])
+    parser.add_argument("mode", choices=["profile", "ab", "floor", "copies"])
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
     parser.add_argument("--warmup", type=int, default=30)
@@ -282,11 +355,17 @@ def main() -> None:
     parser.add_argument("--base-root", default=None)
     parser.add_argument("--json", default=None)
     parser.add_argument("--rolled-out", type=int, default=40, help="floor: rows rolled out")
+    parser.add_argument("--phases", type=int, nargs="+", default=[30, 1000, 2500])
+    parser.add_argument(
+        "--loss", default="raptb", help="copies: the loss (GFlowNet ones with SubM)"
+    )
     args = parser.parse_args()
     if args.mode == "floor":
         for shared in (False, True):
             record = floor(128, args.rolled_out, 8, 9, args.steps, shared)
             print(json.dumps({"prompt_once": shared, **record}))
+    elif args.mode == "copies":
+        copies(args)
     elif args.mode == "profile":
         print(json.dumps(measure(args.seed, args.threads[0], args.warmup, args.steps)))
     else:
