@@ -194,11 +194,13 @@ def _eager_rollout(
     free_mask = torch.ones(n, num_legal + 1, dtype=torch.bool, device=device)
 
     was_training = policy.model.training
-    policy.model.eval()
+    lean = policy.uses_lean_gpt2(policy.model)
+    if not lean:  # the lean forward has no mode (no dropout, functional ops): no switch to pay
+        policy.model.eval()
     try:
         tic = time.perf_counter()
         decoder: _Decoder
-        if policy.uses_lean_gpt2(policy.model):
+        if lean:
             prompts = lean_gpt2.prompt_logits_and_past(
                 policy.model, prompt_rows, policy.pad_id, device
             )
@@ -268,7 +270,8 @@ def _eager_rollout(
             logits = decoder.next_logits(step_tokens)
             model_s += time.perf_counter() - tic
     finally:
-        policy.model.train(was_training)
+        if not lean:
+            policy.model.train(was_training)
 
     rows = [tuple(row[:tau]) for row, tau in zip(tokens.tolist(), length.tolist(), strict=True)]
     texts = [policy.row_text(row) for row in rows]

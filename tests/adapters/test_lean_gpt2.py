@@ -137,3 +137,30 @@ def test_supports_only_what_it_computes() -> None:
     else:
         checkpointed.gradient_checkpointing_enable()
     assert not lean_gpt2.supports(checkpointed)
+
+
+@pytest.mark.parametrize("path", ["lean", "model"])
+def test_the_rollout_samples_in_eval_mode_and_leaves_the_mode_as_it_was(path, monkeypatch):
+    """transformers' forward samples in eval mode (dropout off) and the model is put back in
+    training mode after; the lean forward has no mode, so the rollout switches nothing and draws
+    the same rows whatever the mode."""
+    policy = make_policy(seed=5)
+    if path == "model":
+        _model_path(policy, monkeypatch)
+    modes: list[bool] = []
+    hook = policy.model.transformer.wte.register_forward_hook(
+        lambda module, args, out: modes.append(module.training)
+    )
+    try:
+        policy.model.train()
+        in_training = policy.sample("24:", 5, min_length=0, max_length=6, generator=gen(3))
+        assert policy.model.training and all(m.training for m in policy.model.modules())
+        policy.model.eval()
+        in_eval = policy.sample("24:", 5, min_length=0, max_length=6, generator=gen(3))
+        assert not policy.model.training
+    finally:
+        hook.remove()
+    if path == "model":
+        assert modes and not any(modes)  # every forward of the rollout in eval mode
+    assert in_training.texts == in_eval.texts
+    torch.testing.assert_close(in_training.log_pf, in_eval.log_pf)
