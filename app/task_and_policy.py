@@ -91,10 +91,12 @@ def _stop_id(tokenizer: PreTrainedTokenizerBase, stop: str | None) -> int:
 
 
 def pad_rows(rows: Sequence[Sequence[int]], max_length: int, pad_id: int) -> torch.Tensor:
-    """LongTensor [B, T] of token rows padded with ``pad_id``."""
-    out = torch.full((len(rows), max_length), pad_id, dtype=torch.long)
+    """LongTensor [B, T] of token rows padded with ``pad_id`` (padded as lists, then one tensor:
+    a copy per row costs more than the rest of it on a CPU)."""
+    padded = []
     for b, tokens in enumerate(rows):
-        if len(tokens) > max_length:
-            raise ValueError(f"tokens: row {b} has {len(tokens)} > max_length {max_length}")
-        out[b, : len(tokens)] = torch.as_tensor(list(tokens), dtype=torch.long)
-    return out
+        row = [int(t) for t in tokens]
+        if len(row) > max_length:
+            raise ValueError(f"tokens: row {b} has {len(row)} > max_length {max_length}")
+        padded.append(row + [pad_id] * (max_length - len(row)))
+    return torch.tensor(padded, dtype=torch.long).reshape(len(rows), max_length)
