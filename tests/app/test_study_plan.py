@@ -236,6 +236,7 @@ def test_shipped_studies_plan(study):
         "diversity_zoo.toml": {0, 1, 2, 3, 4},
         "diversity_zoo_unseen.toml": {13, 14},
         "diversity_zoo_g2rpo.toml": {5, 6, 7, 8, 9},
+        "diversity_zoo_passk.toml": {5, 6, 7, 8, 9},
         "horizon_5000.toml": {0, 1, 2, 3, 4},
         "horizon_5000_frontier.toml": {0, 1},
         "horizon_5000_capacity.toml": {0, 1, 2, 3, 4},
