@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import os
+import weakref
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -45,6 +46,9 @@ from raptb.adapters.lm.row_prompts import left_padded, row_prompt_ids
 from raptb.adapters.lm.static_decoder import StaticDecoders
 from raptb.adapters.lm.tokens import token_texts
 from raptb.core.gfn.batch import PrefixBatch
+
+PROMPT_IDS_KEPT = 65_536
+"""Encoded prompts an ``HFPolicy`` keeps (a task's prompts; the memo starts over past it)."""
 
 
 def default_grammar_threads(device: torch.device) -> int:
@@ -108,6 +112,10 @@ class HFPolicy:
         self._sub_of = {full: sub for sub, full in enumerate(legal)}
         self._grammars: dict[int, GrammarBatch] = {}
         self._frozen_copy: PreTrainedModel | None = None
+        self._prompt_ids: dict[str, list[int]] = {}
+        self._lean_support: weakref.WeakKeyDictionary[torch.nn.Module, bool] = (
+            weakref.WeakKeyDictionary()
+        )
         self.merge_copies = True
         """Whether a scoring forward computes each distinct row once (``adapters.lm.distinct_rows``:
         the same values and gradients, up to float rounding); off only to compare."""
@@ -151,11 +159,17 @@ class HFPolicy:
     def prompt_ids(self, prompt: str) -> list[int]:
         """Token ids of the prompt: the tokenizer's encoding, with BOS in front when the tokenizer
         has one and did not add it, and never empty (the stop token stands in as a start token)."""
-        ids = list(self.tokenizer.encode(prompt, add_special_tokens=True))
-        bos = self.tokenizer.bos_token_id
-        if bos is not None and (not ids or ids[0] != bos):
-            ids.insert(0, bos)
-        return ids or [self.stop_id]
+        ids = self._prompt_ids.get(prompt)
+        if ids is None:  # the tokenizer is fixed: each text is encoded once (25 us a call here)
+            ids = list(self.tokenizer.encode(prompt, add_special_tokens=True))
+            bos = self.tokenizer.bos_token_id
+            if bos is not None and (not ids or ids[0] != bos):
+                ids.insert(0, bos)
+            ids = ids or [self.stop_id]
+            if len(self._prompt_ids) >= PROMPT_IDS_KEPT:
+                self._prompt_ids.clear()
+            self._prompt_ids[prompt] = ids
+        return list(ids)
 
     def check_positions(self, prompt_len: int, max_length: int) -> None:
         """ValueError when a prompt of ``prompt_len`` tokens plus ``max_length`` generated ones
@@ -180,6 +194,7 @@ class HFPolicy:
             ValueError: the model does not support activation checkpointing.
         """
         inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        self._lean_support.clear()  # a checkpointed model takes transformers' forward
         if not getattr(inner, "supports_gradient_checkpointing", False):
             raise ValueError(
                 f"optim.gradient_checkpointing: {type(inner).__name__} does not support "
@@ -277,8 +292,15 @@ class HFPolicy:
 
     def uses_lean_gpt2(self, model: PreTrainedModel) -> bool:
         """Whether ``model``'s forwards run through ``raptb.adapters.lm.lean_gpt2`` (a model it
-        supports, on one process)."""
-        return self.step_together is None and lean_gpt2.supports(model)
+        supports, on one process). ``lean_gpt2.supports`` is asked once per model (it walks the
+        model's modules for activation checkpointing: 85 us, three times a step) and again after
+        ``enable_activation_checkpointing``."""
+        if self.step_together is not None:
+            return False
+        supported = self._lean_support.get(model)
+        if supported is None:
+            supported = self._lean_support[model] = lean_gpt2.supports(model)
+        return supported
 
     def _lean_logits(
         self, model: PreTrainedModel, rows: list[list[int]], body: torch.Tensor

@@ -261,6 +261,52 @@ def test_prompt_ids(policy: HFPolicy) -> None:
     assert policy.prompt_ids("24") == [eos, 18, 20]
 
 
+def test_prompt_ids_encoded_once_per_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each text is encoded once; the caller's list is its own, and the memo starts over when
+    full (the same ids again)."""
+    policy = make_policy(None)
+    calls: list[str] = []
+    encode = policy.tokenizer.encode
+
+    def counted(text: str, **kwargs: object) -> list[int]:
+        calls.append(text)
+        return encode(text, **kwargs)
+
+    monkeypatch.setattr(policy.tokenizer, "encode", counted)
+    first = policy.prompt_ids("24")
+    first.append(99)  # the caller's copy: the memo keeps the encoding
+    assert policy.prompt_ids("24") == policy.prompt_ids("24") == first[:-1]
+    assert policy.prompt_ids("1") != first[:-1]
+    assert calls == ["24", "1"]
+    monkeypatch.setattr("raptb.adapters.lm.policy.PROMPT_IDS_KEPT", 2)
+    for text in ("2", "3", "24"):
+        policy.prompt_ids(text)
+    assert calls == ["24", "1", "2", "3", "24"] and policy.prompt_ids("24") == first[:-1]
+
+
+def test_lean_support_asked_once_per_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``uses_lean_gpt2`` asks ``lean_gpt2.supports`` once per model, again after activation
+    checkpointing is enabled (which takes the model off the lean path), and never on a sharded
+    model's process."""
+    from raptb.adapters.lm import lean_gpt2
+
+    policy = make_policy(None)
+    asked: list[torch.nn.Module] = []
+    supports = lean_gpt2.supports
+    monkeypatch.setattr(lean_gpt2, "supports", lambda m: asked.append(m) or supports(m))
+    other = copy.deepcopy(policy.model)
+    assert policy.uses_lean_gpt2(policy.model) and policy.uses_lean_gpt2(policy.model)
+    assert policy.uses_lean_gpt2(other)
+    assert asked == [policy.model, other]
+    policy.sample("", 4, min_length=1, max_length=5, generator=gen(0))
+    assert len(asked) == 2  # the rollout asked the memo
+    policy.enable_activation_checkpointing()
+    assert not policy.uses_lean_gpt2(policy.model)
+    assert asked == [policy.model, other, policy.model]
+    policy.step_together = lambda done: done
+    assert not policy.uses_lean_gpt2(other) and len(asked) == 3
+
+
 def test_to_prefix_batch(policy: HFPolicy) -> None:
     r = policy.sample("", 8, min_length=3, max_length=9, generator=gen(11))
     u = np.zeros((8, 10))
