@@ -177,16 +177,19 @@ def _eager_rollout(
     start = time.perf_counter()
     model_s = grammar_s = 0.0
     device = policy.device
-    temp = row_temperatures(temperature, n).to(device)
+    temp = row_temperatures(temperature, n)
+    # dividing by 1 changes nothing: the untempered rollout skips it (one operation a column)
+    temp_col = None if bool((temp == 1).all()) else temp.to(device)[:, None]
     prompt_rows = row_prompt_ids(policy.prompt_ids, prompt, n)
     policy.check_positions(max(len(row) for row in prompt_rows), max_length)
     big_t, num_legal = max_length, len(policy.legal_ids)
     # one gather of the legal columns and the stop column: the behaviour's sub-vocabulary
     sub_ids = torch.tensor([*policy.legal_ids, policy.stop_id], dtype=torch.long, device=device)
-    tokens = torch.full((n, big_t), policy.pad_id, dtype=torch.long, device=device)
     length = torch.full((n,), big_t, dtype=torch.long, device=device)
-    log_pf = torch.zeros(n, big_t, device=device)
-    log_pterm = torch.zeros(n, big_t + 1, device=device)
+    # each column's tokens and log-probabilities, laid out as [n, T] (and [n, T + 1]) at the end
+    token_cols: list[torch.Tensor] = []
+    pf_cols: list[torch.Tensor] = []
+    pterm_cols: list[torch.Tensor] = []
     active = torch.ones(n, dtype=torch.bool, device=device)
     grammar = policy.grammar_batch(n)
     if grammar is not None:
@@ -216,7 +219,7 @@ def _eager_rollout(
                 _, stop_lp = token_log_probs(
                     logits, torch.full_like(length, policy.stop_id), policy.stop_id
                 )
-                log_pterm[:, k] = torch.where(active, stop_lp, 0.0)
+                pterm_cols.append(torch.where(active, stop_lp, 0.0))
                 break
             rows: list[int] = []
             if not idle:
@@ -229,14 +232,18 @@ def _eager_rollout(
                     packed = grammar.next_bitmask().to(device, non_blocking=True)
                     mask = unpack_bitmask(packed, num_legal + 1)
                 grammar_s += time.perf_counter() - tic
-                allowed = mask[:, :num_legal]
-                can_stop = mask[:, num_legal] & (k >= min_length)
-                # a dead end (nothing allowed, stop not allowed) stops rather than failing
-                can_stop |= ~allowed.any(dim=1)
-                can_stop |= ~active
-                sub_mask = torch.cat([allowed & active[:, None], can_stop[:, None]], dim=1)
-                behaviour = logits[:, sub_ids].float() / temp[:, None]
-                behaviour = behaviour.masked_fill(~sub_mask, float("-inf"))
+                # a finished row may only stop; below min_length no row may stop, and a dead end
+                # (nothing allowed, stop not allowed) stops rather than failing
+                sub_mask = mask & active[:, None]
+                if k < min_length:
+                    sub_mask[:, num_legal] = False
+                sub_mask[:, num_legal] |= ~sub_mask.any(dim=1)
+                behaviour = logits[:, sub_ids]
+                if behaviour.dtype != torch.float32:
+                    behaviour = behaviour.float()
+                if temp_col is not None:
+                    behaviour = behaviour / temp_col
+                behaviour = torch.where(sub_mask, behaviour, float("-inf"))
                 choice = torch.multinomial(
                     torch.softmax(behaviour, dim=1), 1, generator=generator
                 ).squeeze(1)
@@ -245,9 +252,9 @@ def _eager_rollout(
                 # sub-vocabulary index -> vocabulary id (a stop's id is masked out by moves)
                 step_tokens = torch.where(moves, sub_ids[choice], policy.pad_id)
                 token_lp, stop_lp = token_log_probs(logits, step_tokens, policy.stop_id)
-                log_pterm[:, k] = torch.where(active, stop_lp, 0.0)
-                log_pf[:, k] = torch.where(moves, token_lp, 0.0)
-                tokens[:, k] = step_tokens
+                pterm_cols.append(torch.where(active, stop_lp, 0.0))
+                pf_cols.append(torch.where(moves, token_lp, 0.0))
+                token_cols.append(step_tokens)
                 length = torch.where(stops, k, length)
                 active = moves
                 # the step's only host round trip: each row's new token, -1 where the row is done
@@ -273,7 +280,28 @@ def _eager_rollout(
         if not lean:
             policy.model.train(was_training)
 
+    tokens = _columns(token_cols, big_t, policy.pad_id, torch.long, n, device)
+    log_pf = _columns(pf_cols, big_t, 0.0, torch.float32, n, device)
+    log_pterm = _columns(pterm_cols, big_t + 1, 0.0, torch.float32, n, device)
     rows = [tuple(row[:tau]) for row, tau in zip(tokens.tolist(), length.tolist(), strict=True)]
     texts = [policy.row_text(row) for row in rows]
     timings = RolloutTimings(model_s, grammar_s, time.perf_counter() - start)
     return Rollout(tokens, length, log_pf, log_pterm, texts, rows, timings)
+
+
+def _columns(
+    columns: list[torch.Tensor],
+    width: int,
+    fill: float,
+    dtype: torch.dtype,
+    n: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """[n, width]: the rollout's per-column values side by side, ``fill`` in the columns after
+    the last one computed (every row had stopped)."""
+    if columns and len(columns) == width:
+        return torch.stack(columns, dim=1)
+    out = torch.full((n, width), fill, dtype=dtype, device=device)
+    if columns:
+        out[:, : len(columns)] = torch.stack(columns, dim=1)
+    return out
