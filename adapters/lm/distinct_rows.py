@@ -46,27 +46,30 @@ def distinct_rows(
     b = body.shape[0]
     if b < 2:
         return None
+    # on the host: a dict over B short tuples takes a tenth of torch.unique(dim=0)'s time here
+    # (75 against 410 us for 128 rows of 9 ids on one core), and gives first appearances in order
     prompt_of: dict[tuple[int, ...], int] = {}
-    prompt_index = [prompt_of.setdefault(tuple(row), len(prompt_of)) for row in prompts]
-    key = torch.cat(
-        [
-            torch.tensor(prompt_index, dtype=body.dtype, device=body.device)[:, None],
-            length.to(body.dtype)[:, None],
-            body,
-        ],
-        dim=1,
+    keys = zip(
+        [prompt_of.setdefault(tuple(row), len(prompt_of)) for row in prompts],
+        length.tolist(),
+        map(tuple, body.tolist()),
+        strict=True,
     )
-    values, inverse = torch.unique(key, dim=0, return_inverse=True)
-    n = values.shape[0]
-    if n == b:
+    position_of: dict[tuple[int, int, tuple[int, ...]], int] = {}
+    first: list[int] = []
+    inverse: list[int] = []
+    for row, key in enumerate(keys):
+        position = position_of.setdefault(key, len(first))
+        if position == len(first):
+            first.append(row)
+        inverse.append(position)
+    if len(first) == b:
         return None
-    rows = torch.arange(b, device=body.device)
-    first = torch.full((n,), b, dtype=torch.long, device=body.device)
-    first = first.scatter_reduce(0, inverse, rows, reduce="amin")
-    order = torch.argsort(first)  # distinct rows in order of first appearance
-    position = torch.empty_like(order)
-    position[order] = torch.arange(n, device=body.device)
-    return DistinctRows(first=first[order], inverse=position[inverse])
+    device = body.device
+    return DistinctRows(
+        first=torch.tensor(first, dtype=torch.long, device=device),
+        inverse=torch.tensor(inverse, dtype=torch.long, device=device),
+    )
 
 
 ATTENTION_DROPOUT = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")
