@@ -22,8 +22,13 @@ Two uses, both where a forward over one shared prompt repeats it for every row:
   (its keys and values broadcast to the rows, its last logits the same for all), else
   left-padded together;
 - ``forward``: tokens after that, a column at a time (the rollout) or all at once with
-  gradients (teacher-forced rescoring; the shared prompt's gradient is the sum over the rows,
-  as autograd sums over a broadcast).
+  gradients (teacher-forced rescoring of rows with different prompts);
+- ``shared_prompt_logits``: a teacher-forced rescoring whose rows share one prompt, the prompt's
+  tokens and all the rows' in one pass: every matrix product, layer norm and activation over the
+  P + B x T tokens at once, attention split into the prompt's (causal) and the rows' (the prompt's
+  keys and values broadcast to them; autograd sums their gradient over the rows). The same
+  function as ``prompt_logits_and_past`` then ``forward``, in half the operations of the two
+  (their forward and backward: 2.5 ms of a main-job step went to the 8-token prompt alone).
 
 ``supports(model)`` says when it applies: a ``GPT2LMHeadModel`` (not wrapped by peft) of
 self-attention blocks without dropout (so training and evaluation modes compute the same),
@@ -151,3 +156,57 @@ def prompt_logits_and_past(
     if shared:
         return last.expand(batch, -1), past, following.expand(batch, -1), None
     return last, past, following, key_mask
+
+
+def shared_prompt_logits(
+    model: torch.nn.Module, prompt_ids: Sequence[int], body: torch.Tensor
+) -> torch.Tensor:
+    """Logits [B, T + 1, V] of B rows that share the prompt ``prompt_ids`` (P ids, positions 0..P-1)
+    followed by each row's tokens ``body`` [B, T] (positions P..P+T-1): column 0 after the prompt
+    (the first action's, the same for every row), column t + 1 after the row's t + 1 tokens."""
+    transformer = model.transformer
+    config = model.config
+    heads = config.n_head
+    scale = (config.n_embd // heads) ** -0.5  # scale_attn_weights, as supports() requires
+    batch, width = body.shape
+    device = body.device
+    prompt = torch.as_tensor(list(prompt_ids), dtype=body.dtype, device=device)
+    seen = prompt.shape[0]
+    # the prompt's tokens, then the rows' one after another: [N = P + B T]
+    ids = torch.cat([prompt, body.reshape(-1)])
+    steps = torch.arange(seen + width, device=device)
+    positions = torch.cat([steps[:seen], steps[seen:].repeat(batch)])
+    # a row's query t sees the prompt and its own tokens up to t
+    mask = (steps[seen:, None] >= steps[None, :])[None, None]
+    h = transformer.wte(ids) + transformer.wpe(positions)
+    for block in transformer.h:
+        attention = block.attn
+        x = F.layer_norm(
+            h, block.ln_1.normalized_shape, block.ln_1.weight, block.ln_1.bias, block.ln_1.eps
+        )
+        q, k, v = torch.addmm(attention.c_attn.bias, x, attention.c_attn.weight).split(
+            attention.split_size, dim=1
+        )
+        # [1, H, P, D] for the prompt, [B, H, T, D] for the rows
+        qp, kp, vp = (t[:seen].view(1, seen, heads, -1).transpose(1, 2) for t in (q, k, v))
+        qb, kb, vb = (t[seen:].view(batch, width, heads, -1).transpose(1, 2) for t in (q, k, v))
+        yp = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale)
+        kb = torch.cat([kp.expand(batch, -1, -1, -1), kb], dim=2)
+        vb = torch.cat([vp.expand(batch, -1, -1, -1), vb], dim=2)
+        yb = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale)
+        y = torch.cat(
+            [yp.transpose(1, 2).reshape(seen, -1), yb.transpose(1, 2).reshape(-1, h.shape[1])]
+        )
+        h = h + torch.addmm(attention.c_proj.bias, y, attention.c_proj.weight)
+        x = F.layer_norm(
+            h, block.ln_2.normalized_shape, block.ln_2.weight, block.ln_2.bias, block.ln_2.eps
+        )
+        mlp = block.mlp
+        inner = mlp.act(torch.addmm(mlp.c_fc.bias, x, mlp.c_fc.weight))
+        h = h + torch.addmm(mlp.c_proj.bias, inner, mlp.c_proj.weight)
+    ln_f = transformer.ln_f
+    # only the prompt's last token and the rows' tokens are read out
+    h = F.layer_norm(h[seen - 1 :], ln_f.normalized_shape, ln_f.weight, ln_f.bias, ln_f.eps)
+    logits = F.linear(h, model.lm_head.weight)
+    first = logits[:1].expand(batch, -1)[:, None, :]
+    return torch.cat([first, logits[1:].view(batch, width, -1)], dim=1)

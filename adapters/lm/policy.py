@@ -306,7 +306,9 @@ class HFPolicy:
         self, model: PreTrainedModel, rows: list[list[int]], body: torch.Tensor
     ) -> torch.Tensor:
         """Logits [B, T+1, V] after each row's prompt and its tokens ``body`` [B, T], by
-        ``lean_gpt2`` (a prompt shared by every row computed once)."""
+        ``lean_gpt2`` (a prompt shared by every row computed once, in the rows' own pass)."""
+        if body.shape[1] and all(row == rows[0] for row in rows):
+            return lean_gpt2.shared_prompt_logits(model, rows[0], body)
         first, past, following, key_mask = lean_gpt2.prompt_logits_and_past(
             model, rows, self.pad_id, self.device
         )

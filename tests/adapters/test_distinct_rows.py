@@ -122,21 +122,13 @@ def test_merged_score_equals_every_row_computed(path, per_row_prompts, monkeypat
         _model_path(policy, monkeypatch)
     tokens, length, pick = copies_batch(policy, seed=7)
     prompt = [("24:", "Make 24:")[i % 2] for i in pick] if per_row_prompts else "24:"
-    forwards: list[int] = []
-    hook = policy.model.transformer.wte.register_forward_hook(
-        lambda module, args, out: forwards.append(args[0].shape[0])
+    forwards = rows_per_forward(policy, monkeypatch)
+    merged, merged_grads = score_and_grads(
+        policy, True, lambda: policy.score(prompt, tokens, length)
     )
-    try:
-        merged, merged_grads = score_and_grads(
-            policy, True, lambda: policy.score(prompt, tokens, length)
-        )
-        rows_merged = forwards.copy()
-        full, full_grads = score_and_grads(
-            policy, False, lambda: policy.score(prompt, tokens, length)
-        )
-    finally:
-        hook.remove()
-    assert max(rows_merged) == 5 and 12 in forwards  # the merged forward saw the 5 distinct rows
+    rows_merged = forwards.copy()
+    full, full_grads = score_and_grads(policy, False, lambda: policy.score(prompt, tokens, length))
+    assert rows_merged == [5] and forwards == [5, 12]  # the merged forward saw the 5 distinct rows
     for got, want in zip(merged, full, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert_grads_close(merged_grads, full_grads)
@@ -157,7 +149,20 @@ def test_hidden_states_and_per_state_values_are_gathered_too() -> None:
         assert_grads_close(merged_grads, full_grads)
 
 
-def test_a_random_forward_is_not_merged() -> None:
+def rows_per_forward(policy, monkeypatch) -> list[int]:
+    """The rows of each scoring forward ``policy`` runs from now on (appended as they run)."""
+    forwards: list[int] = []
+    rows_log_probs = policy._rows_log_probs
+
+    def counted(model, prompt, rows, body, *args):
+        forwards.append(body.shape[0])
+        return rows_log_probs(model, prompt, rows, body, *args)
+
+    monkeypatch.setattr(policy, "_rows_log_probs", counted)
+    return forwards
+
+
+def test_a_random_forward_is_not_merged(monkeypatch) -> None:
     policy = make_policy(seed=4)
     model = policy.model
     assert not stochastic_forward(model.train())  # the embedded model has no dropout
@@ -167,18 +172,12 @@ def test_a_random_forward_is_not_merged() -> None:
     model.config.attention_dropout = 0.2  # transformers' functional attention dropout
     assert stochastic_forward(model.train())
     tokens, length, _ = copies_batch(policy, seed=9)
-    forwards: list[int] = []
-    hook = model.transformer.wte.register_forward_hook(
-        lambda module, args, out: forwards.append(args[0].shape[0])
-    )
-    try:
+    forwards = rows_per_forward(policy, monkeypatch)
+    policy.score("24:", tokens, length)
+    model.eval()
+    with torch.no_grad():
         policy.score("24:", tokens, length)
-        model.eval()
-        with torch.no_grad():
-            policy.score("24:", tokens, length)
-    finally:
-        hook.remove()
-    assert 12 in forwards and 5 in forwards  # every row in training mode, the distinct in eval
+    assert forwards == [12, 5]  # every row in training mode, the distinct in eval
 
 
 def test_a_run_with_the_copies_merged_trains_like_one_without(tmp_path, monkeypatch) -> None:

@@ -76,6 +76,32 @@ def test_a_shared_prompt_is_computed_once_and_broadcast() -> None:
     torch.testing.assert_close(logits, want.expand(5, -1), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize(("seed", "prompt"), [(5, [95]), (6, [95, 20, 21, 26, 30])])
+def test_shared_prompt_logits_equal_the_models_own(seed: int, prompt: list[int]) -> None:
+    """One pass over the prompt and every row's tokens: each row's logits [T + 1, V] (after the
+    prompt, then after each token) and every parameter's gradient of a weighted sum of them,
+    against the model's own forward of the row alone (prompt + tokens)."""
+    model = sharpened(seed)
+    g = torch.Generator().manual_seed(seed)
+    body = torch.randint(0, 95, (4, 6), generator=g)
+    weights = torch.randn(4, 7, 98, generator=g)
+    results = []
+    for lean in (True, False):
+        model.zero_grad()
+        if lean:
+            logits = lean_gpt2.shared_prompt_logits(model, prompt, body)
+        else:
+            rows = torch.cat([torch.tensor(prompt).expand(4, -1), body], dim=1)
+            logits = model(input_ids=rows).logits[:, len(prompt) - 1 :]
+        (logits * weights).sum().backward()
+        results.append((logits.detach(), [p.grad.clone() for p in model.parameters()]))
+    (got, grads), (want, grads_ref) = results
+    assert got.shape == (4, 7, 98)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for mine, ref in zip(grads, grads_ref, strict=True):
+        torch.testing.assert_close(mine, ref, atol=1e-4 * float(ref.abs().max()), rtol=0)
+
+
 def _model_path(policy, monkeypatch):
     monkeypatch.setattr(policy, "uses_lean_gpt2", lambda model: False)
 
