@@ -47,7 +47,14 @@ def run(tmp_path: Path, batch_size: int, grad_accum: int, loss: str, kind: str):
     )
     trainer = Trainer(cfg, tmp_path / f"{batch_size}x{grad_accum}", progress=False)
     start = [p.detach().clone() for p in trainer.policy.model.parameters()]
-    records, texts, kinds = [], [], []
+    records, texts, kinds, grads = [], [], [], []
+    apply_gradients = trainer.apply_gradients
+
+    def recording_apply() -> None:  # each step's accumulated gradients, before the update
+        grads.append([p.grad.detach().clone() for p in trainer.policy.model.parameters()])
+        apply_gradients()
+
+    trainer.apply_gradients = recording_apply
     for _ in range(STEPS):
         collect = trainer.algorithm._collect
         seen = []
@@ -66,7 +73,19 @@ def run(tmp_path: Path, batch_size: int, grad_accum: int, loss: str, kind: str):
         texts.append(seen)
     weights = [p.detach().clone() for p in trainer.policy.model.parameters()]
     moved = max(float((w - s).abs().max()) for w, s in zip(weights, start, strict=True))
-    return records, texts, weights, float(trainer.algorithm.log_z.detach()), kinds, moved
+    log_z = float(trainer.algorithm.log_z.detach())
+    return records, texts, weights, log_z, kinds, moved, grads
+
+
+def above_rounding(grads: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+    """Per parameter, the entries whose gradient at every step is 0 (an unused token's row) or
+    above 1e-5 of that step's largest: AdamW's first update is lr g / |g| whatever |g|, so an
+    entry whose gradient is float rounding of sums (~1e-6 of the scale) moves by an amount that
+    rounding decides."""
+    return [
+        torch.stack([(g == 0) | (g.abs() > 1e-5 * g.abs().max()) for g in steps]).all(0)
+        for steps in zip(*grads, strict=True)
+    ]
 
 
 @pytest.mark.parametrize("kind", REPLAY)
@@ -82,7 +101,9 @@ def test_split_is_a_memory_knob(tmp_path: Path, loss: str, kind: str) -> None:
         for key in ("loss", "tb_residual_mean", "aux_loss", "acc", "replay_frac", "temperature"):
             # abs: VarGrad's mean residual is 0 up to float32 cancellation of terms ~10
             assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-4), key
-    for a, b in zip(split[2], whole[2], strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)  # Adam: g / sqrt(v)
+    sure = above_rounding(whole[6])
+    assert sum(int((~m).sum()) for m in sure) <= 1e-2 * sum(m.numel() for m in sure)
+    for a, b, m in zip(split[2], whole[2], sure, strict=True):
+        torch.testing.assert_close(a[m], b[m], rtol=1e-3, atol=1e-5)  # Adam: g / sqrt(v)
     assert split[3] == pytest.approx(whole[3], rel=1e-6, abs=1e-7)
     assert split[5] > 1e-4  # the updates moved the weights: their equality is not vacuous
