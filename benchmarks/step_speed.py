@@ -19,6 +19,8 @@ Usage (from the repository root):
     python benchmarks/step_speed.py ab --base-python /work/venv-base/bin/python \
         --base-root /work/wt-base [--rounds 3 --threads 1 0]
     python benchmarks/step_speed.py copies [--phases 30 1000 2500 --steps 200 --loss grpo]
+    python benchmarks/step_speed.py interleave --base-python /work/venv-base/bin/python \
+        --base-root /work/wt-base [--threads 1 --warmup 30 --blocks 40 --block 10]
 
 ``profile`` prints one JSON record (median ms per stage, steps/s by wall and by process CPU
 time, the mean number of rows rolled out per step). ``floor`` prints the FLOPs of one step's
@@ -33,7 +35,12 @@ adapters/lm/distinct_rows.py) and over every row, alternating step by step for `
 each in one process, at each step of ``--phases`` (the training carried on between phases with
 the copies merged), and prints a Markdown table with the mean distinct rows per phase;
 ``--loss`` another loss than the main job's RapTB (a GFlowNet loss with SubM, an RL one as its
-defaults have it).
+defaults have it). ``interleave`` is ``ab`` without the fresh processes: one worker process per
+side (``serve``) builds its trainer and takes ``--warmup`` steps, then the two take turns at
+``--block`` steps for ``--blocks`` turns each, the side waiting blocked on its pipe (no CPU), the
+order alternating turn by turn; it prints each side's median ms per step, the ratio of medians
+and the median and 10th-90th percentiles of the ratios of consecutive turns (paired, so the
+machine's drift over minutes, up to 2x here, falls on both sides alike).
 """
 
 from __future__ import annotations
@@ -78,24 +85,104 @@ def _timed(spent: dict[str, float], stage: str, fn: Callable[..., Any]) -> Calla
     return wrapper
 
 
-def measure(seed: int, threads: int, warmup: int, steps: int) -> dict[str, Any]:
-    """Stage medians (ms) and steps/s of ``steps`` main-job steps after ``warmup`` untimed ones."""
-    import torch
+def _main_job(seed: int, threads: int) -> Any:
+    """The README's main job's ``Trainer`` (seed ``seed``, ``threads`` torch threads, 0: torch's
+    choice), writing to a temporary directory."""
     from rich.console import Console
 
     from raptb.app.configuration.config import build_config
     from raptb.app.training.train import Trainer
+
+    overrides: dict[str, Any] = {"task": "expr24", "loss": "raptb", "replay.kind": "subm"}
+    overrides |= {"seed": seed, "threads": threads or None}
+    cfg = build_config(None, overrides)
+    quiet = Console(stderr=True, quiet=True)
+    return Trainer(cfg, Path(tempfile.mkdtemp()), progress=False, console=quiet)
+
+
+def _step_ms(trainer: Any) -> float:
+    """One optimizer step of ``trainer``; its milliseconds."""
+    tic = time.perf_counter()
+    if trainer._optimizer_step() is not None:
+        trainer.step += 1
+    return 1000 * (time.perf_counter() - tic)
+
+
+def serve(seed: int, threads: int, warmup: int) -> None:
+    """``interleave``'s worker: the main job's trainer, ``warmup`` steps, then for each line
+    ``steps K`` on stdin K steps and their milliseconds as one JSON line on stdout, until EOF."""
+    trainer = _main_job(seed, threads)
+    for _ in range(warmup):
+        _step_ms(trainer)
+    print(json.dumps({"ready": trainer.step}), flush=True)
+    for line in sys.stdin:
+        count = int(line.split()[1])
+        print(json.dumps([_step_ms(trainer) for _ in range(count)]), flush=True)
+
+
+def interleave(args: argparse.Namespace) -> None:
+    """The base and this checkout in one worker process each, taking turns (module docstring)."""
+    import os
+
+    here = Path(__file__).resolve().parents[1]
+    sides = {"base": (args.base_python, Path(args.base_root)), "new": (sys.executable, here)}
+    threads = args.threads[0]
+    env = os.environ | ({"OMP_NUM_THREADS": str(threads)} if threads else {})
+    workers: dict[str, subprocess.Popen[str]] = {}
+    for name, (python, root) in sides.items():  # one at a time: the warm-ups do not overlap
+        command = [python, str(Path(__file__).resolve()), "serve", "--seed", str(args.seed)]
+        command += ["--threads", str(threads), "--warmup", str(args.warmup)]
+        worker = subprocess.Popen(
+            command, cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert worker.stdin is not None and worker.stdout is not None
+        json.loads(worker.stdout.readline())  # {"ready": step}: warmed up
+        workers[name] = worker
+    times: dict[str, list[float]] = {"base": [], "new": []}
+    turns: dict[str, list[float]] = {"base": [], "new": []}  # median ms of each turn
+    try:
+        for turn in range(args.blocks):
+            for name in ("base", "new") if turn % 2 == 0 else ("new", "base"):
+                worker = workers[name]
+                assert worker.stdin is not None and worker.stdout is not None
+                worker.stdin.write(f"steps {args.block}\n")
+                worker.stdin.flush()
+                block = json.loads(worker.stdout.readline())
+                times[name] += block
+                turns[name].append(statistics.median(block))
+    finally:
+        for worker in workers.values():
+            assert worker.stdin is not None
+            worker.stdin.close()
+            worker.wait()
+    ratios = sorted(b / n for b, n in zip(turns["base"], turns["new"], strict=True))
+    decile = max(0, len(ratios) // 10 - 1)
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    print(
+        "| threads | from step | steps each | base ms/step (median) | new ms/step (median) | "
+        "ratio of medians | paired turns: median (10th-90th percentile) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---|")
+    print(
+        f"| {threads or 'default'} | {args.warmup} | {len(times['new'])} | "
+        f"{medians['base']:.2f} | {medians['new']:.2f} | "
+        f"{medians['base'] / medians['new']:.2f}x | {statistics.median(ratios):.2f}x "
+        f"({ratios[decile]:.2f}-{ratios[-1 - decile]:.2f}) |"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"times": times, "turns": turns}))
+
+
+def measure(seed: int, threads: int, warmup: int, steps: int) -> dict[str, Any]:
+    """Stage medians (ms) and steps/s of ``steps`` main-job steps after ``warmup`` untimed ones."""
+    import torch
 
     try:
         from raptb.app.training.gflownet import algorithm as gflownet
     except ModuleNotFoundError:  # the A/B's base, 7ac515c: before the app/training move
         gflownet = importlib.import_module("raptb.app.training.algorithms.gflownet")
 
-    overrides: dict[str, Any] = {"task": "expr24", "loss": "raptb", "replay.kind": "subm"}
-    overrides |= {"seed": seed, "threads": threads or None}
-    cfg = build_config(None, overrides)
-    quiet = Console(stderr=True, quiet=True)
-    trainer = Trainer(cfg, Path(tempfile.mkdtemp()), progress=False, console=quiet)
+    trainer = _main_job(seed, threads)
     algorithm = trainer.algorithm
     spent: dict[str, float] = defaultdict(float)
     rolled_out: list[int] = []
@@ -347,7 +434,7 @@ def copies(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["profile", "ab", "floor", "copies"])
+    parser.add_argument("mode", choices=["profile", "ab", "floor", "copies", "interleave", "serve"])
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
     parser.add_argument("--warmup", type=int, default=30)
@@ -358,6 +445,8 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--rolled-out", type=int, default=40, help="floor: rows rolled out")
     parser.add_argument("--phases", type=int, nargs="+", default=[30, 1000, 2500])
+    parser.add_argument("--blocks", type=int, default=40, help="interleave: turns per side")
+    parser.add_argument("--block", type=int, default=10, help="interleave: steps per turn")
     parser.add_argument(
         "--loss", default="raptb", help="copies: the loss (GFlowNet ones with SubM)"
     )
@@ -368,6 +457,10 @@ def main() -> None:
             print(json.dumps({"prompt_once": shared, **record}))
     elif args.mode == "copies":
         copies(args)
+    elif args.mode == "serve":
+        serve(args.seed, args.threads[0], args.warmup)
+    elif args.mode == "interleave":
+        interleave(args)
     elif args.mode == "profile":
         print(json.dumps(measure(args.seed, args.threads[0], args.warmup, args.steps)))
     else:
