@@ -16,7 +16,7 @@ query i of a call with P past columns sees key j when j <= P + i and ``key_mask[
 left-padded prompt's pads). Results equal transformers' to float rounding
 (tests/adapters/test_lean_gpt2.py).
 
-Two uses, both where a forward over one shared prompt repeats it for every row:
+Three uses, each where a forward over one shared prompt would repeat it for every row:
 
 - ``prompt_logits_and_past``: a batch's prompts, computed once when every row has the same one
   (its keys and values broadcast to the rows, its last logits the same for all), else
@@ -27,8 +27,8 @@ Two uses, both where a forward over one shared prompt repeats it for every row:
   tokens and all the rows' in one pass: every matrix product, layer norm and activation over the
   P + B x T tokens at once, attention split into the prompt's (causal) and the rows' (the prompt's
   keys and values broadcast to them; autograd sums their gradient over the rows). The same
-  function as ``prompt_logits_and_past`` then ``forward``, in half the operations of the two
-  (their forward and backward: 2.5 ms of a main-job step went to the 8-token prompt alone).
+  function as ``prompt_logits_and_past`` then ``forward``, in fewer operations (the main job's
+  rescoring forward of 97 rows: 5.8 against 6.3 ms on one CPU core; its backward the same).
 
 ``supports(model)`` says when it applies: a ``GPT2LMHeadModel`` (not wrapped by peft) of
 self-attention blocks without dropout (so training and evaluation modes compute the same),

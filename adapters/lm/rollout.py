@@ -216,10 +216,11 @@ def _eager_rollout(
         idle = False  # every row of this rank has stopped (only while other ranks step on)
         for k in range(big_t + 1):
             if k == big_t:
-                _, stop_lp = token_log_probs(
-                    logits, torch.full_like(length, policy.stop_id), policy.stop_id
-                )
-                pterm_cols.append(torch.where(active, stop_lp, 0.0))
+                if not idle:  # (an idle rank's rows have all stopped: its column stays 0)
+                    _, stop_lp = token_log_probs(
+                        logits, torch.full_like(length, policy.stop_id), policy.stop_id
+                    )
+                    pterm_cols.append(torch.where(active, stop_lp, 0.0))
                 break
             rows: list[int] = []
             if not idle:
@@ -298,7 +299,8 @@ def _columns(
     device: torch.device,
 ) -> torch.Tensor:
     """[n, width]: the rollout's per-column values side by side, ``fill`` in the columns after
-    the last one computed (every row had stopped)."""
+    the last one computed (every row had stopped: the loop appends one column per step until
+    then and none after, so a column's position is its step)."""
     if columns and len(columns) == width:
         return torch.stack(columns, dim=1)
     out = torch.full((n, width), fill, dtype=dtype, device=device)
