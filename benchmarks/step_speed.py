@@ -395,13 +395,6 @@ def copies(args: argparse.Namespace) -> None:
 
     policy_module.distinct_rows = counted
 
-    def step() -> float:
-        """One optimizer step; its milliseconds."""
-        tic = time.perf_counter()
-        if trainer._optimizer_step() is not None:
-            trainer.step += 1
-        return 1000 * (time.perf_counter() - tic)
-
     print(
         "| from step | distinct rows per scoring forward | ms/step, merged (median; mean) | "
         "ms/step, every row (median; mean) | ratio of medians | ratio of means |"
@@ -410,7 +403,7 @@ def copies(args: argparse.Namespace) -> None:
     for phase in args.phases:
         trainer.policy.merge_copies = True
         while trainer.step < phase:  # a phase already passed starts where the last one ended
-            step()
+            _step_ms(trainer)
         start = trainer.step
         times: dict[bool, list[float]] = {True: [], False: []}
         seen.clear()
@@ -418,7 +411,7 @@ def copies(args: argparse.Namespace) -> None:
         for index in range(2 * args.steps):
             merge = index % 2 == 0
             trainer.policy.merge_copies = merge
-            times[merge].append(step())
+            times[merge].append(_step_ms(trainer))
         distinct = statistics.mean(n for _, n in seen)
         rows = statistics.mean(b for b, _ in seen)
         medians = [statistics.median(times[m]) for m in (True, False)]

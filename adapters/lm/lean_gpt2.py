@@ -84,6 +84,16 @@ def _conv1d(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return out.view(*x.shape[:-1], -1)
 
 
+def _layer_norm(norm: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(h, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+
+def _mlp(block: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """The block's second residual branch: c_proj(act(c_fc(ln_2(h))))."""
+    mlp = block.mlp
+    return _conv1d(mlp.c_proj, mlp.act(_conv1d(mlp.c_fc, _layer_norm(block.ln_2, h))))
+
+
 def forward(
     model: torch.nn.Module,
     ids: torch.Tensor,
@@ -114,10 +124,9 @@ def forward(
     present: KeyValues = []
     for index, block in enumerate(transformer.h):
         attention = block.attn
-        x = F.layer_norm(
-            h, block.ln_1.normalized_shape, block.ln_1.weight, block.ln_1.bias, block.ln_1.eps
+        q, k, v = _conv1d(attention.c_attn, _layer_norm(block.ln_1, h)).split(
+            attention.split_size, dim=2
         )
-        q, k, v = _conv1d(attention.c_attn, x).split(attention.split_size, dim=2)
         q, k, v = (t.view(batch, width, heads, -1).transpose(1, 2) for t in (q, k, v))
         if past is not None:
             past_k, past_v = past[index]
@@ -126,13 +135,8 @@ def forward(
         present.append((k, v))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         h = h + _conv1d(attention.c_proj, y.transpose(1, 2).reshape(batch, width, -1))
-        x = F.layer_norm(
-            h, block.ln_2.normalized_shape, block.ln_2.weight, block.ln_2.bias, block.ln_2.eps
-        )
-        h = h + _conv1d(block.mlp.c_proj, block.mlp.act(_conv1d(block.mlp.c_fc, x)))
-    ln_f = transformer.ln_f
-    h = F.layer_norm(h, ln_f.normalized_shape, ln_f.weight, ln_f.bias, ln_f.eps)
-    return F.linear(h, model.lm_head.weight), present
+        h = h + _mlp(block, h)
+    return F.linear(_layer_norm(transformer.ln_f, h), model.lm_head.weight), present
 
 
 def prompt_logits_and_past(
@@ -181,10 +185,7 @@ def shared_prompt_logits(
     h = transformer.wte(ids) + transformer.wpe(positions)
     for block in transformer.h:
         attention = block.attn
-        x = F.layer_norm(
-            h, block.ln_1.normalized_shape, block.ln_1.weight, block.ln_1.bias, block.ln_1.eps
-        )
-        q, k, v = torch.addmm(attention.c_attn.bias, x, attention.c_attn.weight).split(
+        q, k, v = _conv1d(attention.c_attn, _layer_norm(block.ln_1, h)).split(
             attention.split_size, dim=1
         )
         # [1, H, P, D] for the prompt, [B, H, T, D] for the rows
@@ -197,16 +198,10 @@ def shared_prompt_logits(
         y = torch.cat(
             [yp.transpose(1, 2).reshape(seen, -1), yb.transpose(1, 2).reshape(-1, h.shape[1])]
         )
-        h = h + torch.addmm(attention.c_proj.bias, y, attention.c_proj.weight)
-        x = F.layer_norm(
-            h, block.ln_2.normalized_shape, block.ln_2.weight, block.ln_2.bias, block.ln_2.eps
-        )
-        mlp = block.mlp
-        inner = mlp.act(torch.addmm(mlp.c_fc.bias, x, mlp.c_fc.weight))
-        h = h + torch.addmm(mlp.c_proj.bias, inner, mlp.c_proj.weight)
-    ln_f = transformer.ln_f
+        h = h + _conv1d(attention.c_proj, y)
+        h = h + _mlp(block, h)
     # only the prompt's last token and the rows' tokens are read out
-    h = F.layer_norm(h[seen - 1 :], ln_f.normalized_shape, ln_f.weight, ln_f.bias, ln_f.eps)
+    h = _layer_norm(transformer.ln_f, h[seen - 1 :])
     logits = F.linear(h, model.lm_head.weight)
     first = logits[:1].expand(batch, -1)[:, None, :]
     return torch.cat([first, logits[1:].view(batch, width, -1)], dim=1)
