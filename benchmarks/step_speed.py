@@ -19,6 +19,7 @@ Usage (from the repository root):
     python benchmarks/step_speed.py ab --base-python /work/venv-base/bin/python \
         --base-root /work/wt-base [--rounds 3 --threads 1 0]
     python benchmarks/step_speed.py copies [--phases 30 1000 2500 --steps 200 --loss grpo]
+    python benchmarks/step_speed.py decode [--phases 30 1000 2500 --steps 200 --loss grpo]
     python benchmarks/step_speed.py interleave --base-python /work/venv-base/bin/python \
         --base-root /work/wt-base [--threads 1 --warmup 30 --blocks 40 --block 10]
 
@@ -35,11 +36,14 @@ adapters/lm/distinct_rows.py) and over every row, alternating step by step for `
 each in one process, at each step of ``--phases`` (the training carried on between phases with
 the copies merged), and prints a Markdown table with the mean distinct rows per phase;
 ``--loss`` another loss than the main job's RapTB (a GFlowNet loss with SubM, an RL one as its
-defaults have it). ``interleave`` is ``ab`` without the fresh processes: one worker process per
-side (``serve``) builds its trainer and takes ``--warmup`` steps, then the two take turns at
-``--block`` steps for ``--blocks`` turns each, the side waiting blocked on its pipe (no CPU), the
-order alternating turn by turn; it prints each side's median ms per step, the ratio of medians
-and the median and 10th-90th percentiles of the ratios of consecutive turns (paired, so the
+defaults have it). ``decode`` is ``copies`` for the rollout's path: each column in one ONNX
+Runtime call (``HFPolicy.decode`` "onnx", adapters/lm/onnx_rollout.py, the default on the CPU)
+against torch's operations ("eager"), with the rollout's own median milliseconds (its
+``RolloutTimings``) beside the step's. ``interleave`` is ``ab`` without the fresh processes: one
+worker process per side (``serve``) builds its trainer and takes ``--warmup`` steps, then the two
+take turns at ``--block`` steps for ``--blocks`` turns each, the side waiting blocked on its pipe
+(no CPU), the order alternating turn by turn; it prints each side's median ms per step, the ratio of
+medians and the median and 10th-90th percentiles of the ratios of consecutive turns (paired, so the
 machine's drift over minutes, up to 2x here, falls on both sides alike).
 """
 
@@ -372,19 +376,10 @@ def ab(args: argparse.Namespace) -> None:
 def copies(args: argparse.Namespace) -> None:
     """The scoring forward over distinct rows against every row, alternating in one trainer."""
     import torch
-    from rich.console import Console
 
     from raptb.adapters.lm import policy as policy_module
-    from raptb.app.configuration.config import build_config
-    from raptb.app.training.train import Trainer
-    from raptb.core.gfn.objectives import OBJECTIVES
 
-    overrides: dict[str, Any] = {"task": "expr24", "loss": args.loss}
-    if args.loss in OBJECTIVES:  # a GFlowNet objective: the main job's replay
-        overrides["replay.kind"] = "subm"
-    cfg = build_config(None, overrides | {"seed": args.seed, "threads": args.threads[0] or None})
-    quiet = Console(stderr=True, quiet=True)
-    trainer = Trainer(cfg, Path(tempfile.mkdtemp()), progress=False, console=quiet)
+    trainer = _loss_trainer(args)
     seen: list[tuple[int, int]] = []  # (rows, distinct rows) of each merged scoring forward
     find = policy_module.distinct_rows
 
@@ -425,9 +420,70 @@ def copies(args: argparse.Namespace) -> None:
     print(f"\ntorch threads {torch.get_num_threads()}, seed {args.seed}")
 
 
+def decode(args: argparse.Namespace) -> None:
+    """The rollout through ONNX Runtime against torch's eager loop, alternating in one trainer."""
+    from raptb.adapters.lm import rollout as rollout_module
+
+    trainer = _loss_trainer(args)
+    spent: list[float] = []  # each rollout's seconds (RolloutTimings.total_s)
+    sample = rollout_module.sample_rollout
+
+    def timed(*call: Any, **kwargs: Any) -> Any:
+        rollout = sample(*call, **kwargs)
+        spent.append(rollout.timings.total_s)
+        return rollout
+
+    type(trainer.policy).sample = timed
+    print(
+        "| from step | rollout ms, onnx (median) | rollout ms, eager (median) | ratio | "
+        "ms/step, onnx (median; mean) | ms/step, eager (median; mean) | ratio of medians |"
+    )
+    print("|---:|---:|---:|---:|---|---|---:|")
+    for phase in args.phases:
+        trainer.policy.decode = "auto"
+        while trainer.step < phase:
+            _step_ms(trainer)
+        start = trainer.step
+        times: dict[str, list[float]] = {"onnx": [], "eager": []}
+        rollouts: dict[str, list[float]] = {"onnx": [], "eager": []}
+        for index in range(2 * args.steps):  # step by step, as in copies
+            path = ("onnx", "eager")[index % 2]
+            trainer.policy.decode = path
+            spent.clear()
+            times[path].append(_step_ms(trainer))
+            rollouts[path] += [1000 * s for s in spent]
+        roll = [statistics.median(rollouts[p]) for p in ("onnx", "eager")]
+        medians = [statistics.median(times[p]) for p in ("onnx", "eager")]
+        means = [statistics.mean(times[p]) for p in ("onnx", "eager")]
+        print(
+            f"| {start} | {roll[0]:.2f} | {roll[1]:.2f} | {roll[1] / roll[0]:.2f}x | "
+            f"{medians[0]:.1f}; {means[0]:.1f} | {medians[1]:.1f}; {means[1]:.1f} | "
+            f"{medians[1] / medians[0]:.3f}x |",
+            flush=True,
+        )
+
+
+def _loss_trainer(args: argparse.Namespace) -> Any:
+    """The main job's trainer with ``--loss`` (a GFlowNet objective with SubM, else the RL
+    loss's own defaults), seed ``--seed``, ``--threads``."""
+    from rich.console import Console
+
+    from raptb.app.configuration.config import build_config
+    from raptb.app.training.train import Trainer
+    from raptb.core.gfn.objectives import OBJECTIVES
+
+    overrides: dict[str, Any] = {"task": "expr24", "loss": args.loss}
+    if args.loss in OBJECTIVES:  # a GFlowNet objective: the main job's replay
+        overrides["replay.kind"] = "subm"
+    cfg = build_config(None, overrides | {"seed": args.seed, "threads": args.threads[0] or None})
+    quiet = Console(stderr=True, quiet=True)
+    return Trainer(cfg, Path(tempfile.mkdtemp()), progress=False, console=quiet)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["profile", "ab", "floor", "copies", "interleave", "serve"])
+    modes = ["profile", "ab", "floor", "copies", "decode", "interleave", "serve"]
+    parser.add_argument("mode", choices=modes)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
     parser.add_argument("--warmup", type=int, default=30)
@@ -441,7 +497,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=40, help="interleave: turns per side")
     parser.add_argument("--block", type=int, default=10, help="interleave: steps per turn")
     parser.add_argument(
-        "--loss", default="raptb", help="copies: the loss (GFlowNet ones with SubM)"
+        "--loss", default="raptb", help="copies, decode: the loss (GFlowNet ones with SubM)"
     )
     args = parser.parse_args()
     if args.mode == "floor":
@@ -450,6 +506,8 @@ def main() -> None:
             print(json.dumps({"prompt_once": shared, **record}))
     elif args.mode == "copies":
         copies(args)
+    elif args.mode == "decode":
+        decode(args)
     elif args.mode == "serve":
         serve(args.seed, args.threads[0], args.warmup)
     elif args.mode == "interleave":

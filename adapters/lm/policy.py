@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from raptb.adapters.lm import lean_gpt2
+from raptb.adapters.lm import lean_gpt2, onnx_rollout
 from raptb.adapters.lm.decode_mode import DecodeMode, resolve_decode
 from raptb.adapters.lm.distinct_rows import distinct_rows, stochastic_forward
 from raptb.adapters.lm.grammar import GrammarBatch
@@ -69,7 +69,9 @@ class HFPolicy:
         model step is fast (a GPU) and the legal vocabulary is large.
     decode: how ``sample`` decodes: ``"eager"`` (``raptb.adapters.lm.rollout``), ``"static"``
         (``raptb.adapters.lm.static_decode``: static KV cache, fixed batch buckets, CUDA graphs on a
-        GPU; the same rollouts), or ``"auto"``: static on CUDA, eager elsewhere.
+        GPU; the same rollouts), ``"onnx"`` (``raptb.adapters.lm.onnx_rollout``: each column in
+        one ONNX Runtime call; GPT-2 in float32 on the CPU; the same rollouts up to float
+        rounding), or ``"auto"``: static on CUDA, onnx on the CPU where it applies, else eager.
     """
 
     def __init__(
@@ -103,7 +105,8 @@ class HFPolicy:
         if grammar_threads < 1:
             raise ValueError(f"grammar_threads: must be >= 1, got {grammar_threads}")
         self.grammar_threads = int(grammar_threads)
-        resolve_decode(decode, torch.device("cpu"), sharded=False)  # ValueError for a bad name
+        # ValueError for a bad name (whether onnx applies is asked at each rollout)
+        resolve_decode(decode, torch.device("cpu"), sharded=False, onnx=True)
         self.decode: DecodeMode = decode
         self.decoders = StaticDecoders()
         """The static path's KV caches, buffers and CUDA graphs, kept between rollouts."""
@@ -133,9 +136,17 @@ class HFPolicy:
 
     @property
     def decode_path(self) -> str:
-        """``"eager"`` or ``"static"``: the path ``sample`` takes now (``decode`` resolved on the
-        model's device; a model sharded across processes decodes eagerly)."""
-        return resolve_decode(self.decode, self.device, sharded=self.step_together is not None)
+        """``"eager"``, ``"static"`` or ``"onnx"``: the path ``sample`` takes now (``decode``
+        resolved on the model's device and for the model; a model sharded across processes
+        decodes eagerly). ValueError for ``"onnx"`` where it does not apply."""
+        sharded = self.step_together is not None
+        onnx = (
+            not sharded
+            and self.decode in ("auto", "onnx")
+            and self.uses_lean_gpt2(self.model)
+            and onnx_rollout.usable(self.model)
+        )
+        return resolve_decode(self.decode, self.device, sharded=sharded, onnx=onnx)
 
     def grammar_batch(self, n: int) -> GrammarBatch | None:
         """The grammar matchers of ``n`` rows (built once per ``n``), or None without a grammar."""

@@ -33,6 +33,7 @@ import torch
 from raptb.adapters.lm import lean_gpt2
 from raptb.adapters.lm.grammar import unpack_bitmask
 from raptb.adapters.lm.kv_cache import cache_keyword, returned_cache
+from raptb.adapters.lm.onnx_rollout import onnx_rollout
 from raptb.adapters.lm.rollout_record import (
     Rollout,
     RolloutTimings,
@@ -137,8 +138,15 @@ def sample_rollout(
     temperature: every row's behaviour temperature, or each row's (float [n]).
 
     The policy's ``decode_path`` "static" hands the rollout to ``static_rollout`` (same
-    rollouts, static shapes, CUDA graphs on a GPU)."""
-    if policy.decode_path == "static":
+    rollouts, static shapes, CUDA graphs on a GPU), "onnx" to ``onnx_rollout`` (the same rollouts
+    up to float rounding, each column in one ONNX Runtime call) unless the rows' prompts have
+    different lengths."""
+    path = policy.decode_path
+    if path == "onnx":
+        rollout = onnx_rollout(policy, prompt, n, min_length, max_length, temperature, generator)
+        if rollout is not None:
+            return rollout
+    if path == "static":
         return static_rollout(
             policy,
             prompt,

@@ -168,8 +168,11 @@ class SamplingConfig(Section):
     decode: DecodeMode = Field(
         "auto",
         description="Rollout decoding: static (preallocated KV cache, fixed batch buckets, the "
-        "token step replayed as CUDA graphs on a GPU; the same rollouts as eager), eager (a "
-        "growing cache, step by step), or auto: static on CUDA, eager on the CPU.",
+        "token step replayed as CUDA graphs on a GPU; the same rollouts as eager), onnx (GPT-2 in "
+        "float32 on the CPU: each token step, forward and draw, in one ONNX Runtime call; the "
+        "same rollouts as eager up to float rounding), eager (a growing cache, step by step, "
+        "torch's operations), or auto: static on CUDA, onnx on the CPU where it applies, else "
+        "eager.",
     )
 
 

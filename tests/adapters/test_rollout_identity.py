@@ -2,6 +2,8 @@
 plain reference loop kept here (the rollout as first written: separate grammar masks, one host
 round trip per query, boolean-mask writes). Tokens, lengths, texts and both log-prob tensors must
 match exactly, and so must the generator state afterwards (the same random draws were taken).
+This holds the eager path (torch's operations, as the reference's); the ONNX path is held to the
+same reference, up to float rounding, in test_onnx_rollout.py.
 """
 
 from __future__ import annotations
@@ -108,12 +110,13 @@ def assert_identical(policy: HFPolicy, r: Rollout, ref: tuple[torch.Tensor, ...]
 def sharp_policy(request: pytest.FixtureRequest) -> HFPolicy:
     # sharpened logits so that rows stop at different steps and some stop early
     policy = make_policy(None if request.param == "free" else GRAMMAR, seed=3, logit_scale=4.0)
+    policy.decode = "eager"  # (torch's kernels, as the reference's: bit for bit)
     if request.param == "lora":
         policy.model = apply_lora(policy.model, rank=4, dropout=0.0)
     return policy
 
 
-@pytest.mark.parametrize(
+ROLLOUT_CASES = (
     ("seed", "n", "min_length", "max_length", "temperature"),
     [
         (0, 16, 3, 9, 1.0),
@@ -122,8 +125,15 @@ def sharp_policy(request: pytest.FixtureRequest) -> HFPolicy:
         (3, 1, 0, 1, 1.0),
         (5, 6, 0, 30, 1.0),
         (4, 9, 2, 6, torch.linspace(0.3, 3.0, 9)),
+        (6, 5, 0, 0, 1.0),
     ],
 )
+"""Rollouts held to the reference loop (here and in test_onnx_rollout.py): row counts from 1 to
+32, no minimum to a minimum of 3, horizons from 0 to past the grammar's longest expression (seed
+5: every row stops early), temperatures below and above 1 and one per row."""
+
+
+@pytest.mark.parametrize(*ROLLOUT_CASES)
 def test_rollout_equals_reference_loop(
     sharp_policy: HFPolicy,
     seed: int,

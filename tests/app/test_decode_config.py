@@ -1,6 +1,6 @@
-"""``sampling.decode``: validated with the configuration, handed to the trainer's policy, and a run
-on the static path trains like one on the eager path (same rollouts, so the same records up to the
-float rounding of the log-probs)."""
+"""``sampling.decode``: validated with the configuration, handed to the trainer's policy, and runs
+on the static and ONNX paths train like one on the eager path (same rollouts, so the same records
+up to the float rounding of the log-probs)."""
 
 from __future__ import annotations
 
@@ -28,19 +28,20 @@ def test_sampling_decode_is_validated() -> None:
         build_config(overrides={**OVERRIDES, "sampling.decode": "graph"})
 
 
-def test_static_run_trains_like_eager(tmp_path: Path) -> None:
+def test_static_and_onnx_runs_train_like_eager(tmp_path: Path) -> None:
     records = {}
-    for decode in ("eager", "static"):
+    for decode in ("eager", "static", "onnx"):
         config = build_config(overrides={**OVERRIDES, "sampling.decode": decode})
         trainer = Trainer(config, tmp_path / decode, progress=False)
         assert trainer.policy.decode_path == decode
         trainer.train()
         lines = (tmp_path / decode / "metrics.jsonl").read_text().splitlines()
         records[decode] = [json.loads(line) for line in lines]
-    assert len(records["eager"]) == len(records["static"]) >= 2
-    for eager, static in zip(records["eager"], records["static"], strict=True):
-        assert eager.keys() == static.keys()
-        for key, value in eager.items():
-            if key == "seconds":  # wall time
-                continue
-            assert static[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
+    for other in ("static", "onnx"):
+        assert len(records["eager"]) == len(records[other]) >= 2
+        for eager, record in zip(records["eager"], records[other], strict=True):
+            assert eager.keys() == record.keys()
+            for key, value in eager.items():
+                if key == "seconds":  # wall time
+                    continue
+                assert record[key] == pytest.approx(value, rel=1e-4, abs=1e-5), (other, key)

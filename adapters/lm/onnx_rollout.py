@@ -1,0 +1,213 @@
+"""The lean GPT-2 rollout with each column in one ONNX Runtime call (``onnx_graph``).
+
+The same rollout as ``raptb.adapters.lm.rollout``'s eager path (its docstring states the
+behaviour's mask and the recorded log-probabilities) for the models ``lean_gpt2`` supports, on the
+CPU in float32: the prompt by ``lean_gpt2.prompt_logits_and_past``, then per column one call of
+the ``step`` graph (the forward of the rows' last tokens and the draw of the next ones) with the
+keys and values handed back as arrays; the mask rules and the bookkeeping run in NumPy on the
+host. The draw is torch.multinomial's (``onnx_graph``), its exponential noise drawn from the
+rollout's generator as multinomial draws it: a seed gives the same rows as the eager path, up to
+a tie within float rounding, and leaves the generator in the same state.
+
+``usable(model)`` says when it applies (with ``lean_gpt2.supports``); ``HFPolicy.decode_path``
+is then ``"onnx"`` under ``decode = "auto"`` (``"eager"`` keeps the torch path).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from raptb.adapters.lm import lean_gpt2
+from raptb.adapters.lm.onnx_graph import ColumnShape, sample_graph, step_graph, weight_names
+from raptb.adapters.lm.rollout_record import Rollout, RolloutTimings, row_temperatures
+from raptb.adapters.lm.row_prompts import check_rollout_shape, row_prompt_ids
+
+
+def available() -> bool:
+    """Whether ONNX Runtime and ONNX (to build the graphs) can be imported."""
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def usable(model: torch.nn.Module) -> bool:
+    """Whether this path runs ``model``'s rollouts: a model ``lean_gpt2`` supports (the caller
+    asks that, memoised), every parameter float32 on the CPU, and ONNX Runtime installed."""
+    return (
+        all(p.dtype == torch.float32 and p.device.type == "cpu" for p in model.parameters())
+        and _available()
+    )
+
+
+@functools.cache
+def _available() -> bool:
+    return available()
+
+
+def column_shape(model: torch.nn.Module, sub_ids: Sequence[int], stop_id: int) -> ColumnShape:
+    config = model.config
+    return ColumnShape(
+        n_layer=config.n_layer,
+        n_head=config.n_head,
+        n_embd=config.n_embd,
+        n_inner=config.n_inner or 4 * config.n_embd,
+        vocab=model.transformer.wte.weight.shape[0],
+        positions=model.transformer.wpe.weight.shape[0],
+        eps=float(config.layer_norm_epsilon),
+        sub_ids=tuple(int(i) for i in sub_ids),
+        stop_id=int(stop_id),
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def sessions(shape: ColumnShape, threads: int) -> tuple:
+    """The ``sample`` and ``step`` graphs' sessions (built once per shape and thread count):
+    ``threads`` intra-op threads that sleep rather than spin when idle."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 3  # errors only
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    providers = ["CPUExecutionProvider"]
+    return (
+        ort.InferenceSession(sample_graph(shape), options, providers=providers),
+        ort.InferenceSession(step_graph(shape), options, providers=providers),
+    )
+
+
+_SAMPLED = ["choice", "token_lp", "stop_lp", "log_norm"]
+
+
+def onnx_rollout(
+    policy,
+    prompt: str | Sequence[str],
+    n: int,
+    min_length: int,
+    max_length: int,
+    temperature: float | torch.Tensor,
+    generator: torch.Generator | None,
+) -> Rollout | None:
+    """``sample_rollout`` on this path (``policy``: ``rollout.RolloutPolicy``), or None where
+    the rows' prompts have different lengths (the graph has no key mask for left pads)."""
+    check_rollout_shape(n, min_length, max_length)
+    prompt_rows = row_prompt_ids(policy.prompt_ids, prompt, n)
+    if len({len(row) for row in prompt_rows}) > 1:
+        return None
+    policy.check_positions(len(prompt_rows[0]), max_length)
+    start = time.perf_counter()
+    model = policy.model
+    big_t, num_legal = max_length, len(policy.legal_ids)
+    sub_ids = np.array([*policy.legal_ids, policy.stop_id], dtype=np.int64)
+    shape = column_shape(model, sub_ids.tolist(), policy.stop_id)
+    sample, step = sessions(shape, torch.get_num_threads())
+    temp = row_temperatures(temperature, n).numpy()[:, None]
+    with torch.inference_mode():
+        tic = time.perf_counter()
+        # the parameters' own memory: the graph sees the optimizer's in-place updates (one walk
+        # of the modules: get_parameter per name took 4x as long; lm_head's is wte's when tied)
+        params = dict(model.named_parameters())
+        params["lm_head.weight"] = model.lm_head.weight
+        feeds: dict[str, np.ndarray] = {
+            name: params[name].detach().numpy() for name in weight_names(shape)
+        }
+        logits, past, position, _ = lean_gpt2.prompt_logits_and_past(
+            model, prompt_rows, policy.pad_id, policy.device
+        )
+        first = {"logits": logits.contiguous().numpy()}
+        for layer, (keys, values) in enumerate(past):
+            feeds[f"past_k{layer}"] = keys.expand(n, -1, -1, -1).contiguous().numpy()
+            feeds[f"past_v{layer}"] = values.expand(n, -1, -1, -1).contiguous().numpy()
+        positions = position[:, 0].contiguous().numpy().copy()
+        model_s = time.perf_counter() - tic
+    grammar = policy.grammar_batch(n)
+    if grammar is not None:
+        grammar.reset()
+    grammar_s = 0.0
+    presents = [f"present_{kv}{layer}" for layer in range(shape.n_layer) for kv in "kv"]
+    feeds["temperature"] = temp
+    tokens = np.full((n, big_t), policy.pad_id, dtype=np.int64)
+    log_pf = np.zeros((n, big_t), dtype=np.float32)
+    log_pterm = np.zeros((n, big_t + 1), dtype=np.float32)
+    length = np.full(n, big_t, dtype=np.int64)
+    active = np.ones(n, dtype=bool)
+    step_tokens = np.full(n, policy.pad_id, dtype=np.int64)
+    for k in range(big_t + 1):
+        tic = time.perf_counter()
+        if grammar is None or k == big_t:  # (the last column only reads the stop's)
+            mask = np.ones((n, num_legal + 1), dtype=bool)
+        else:
+            packed = grammar.next_bitmask().numpy()
+            bits = np.unpackbits(packed.view(np.uint8), axis=1, bitorder="little")
+            mask = bits[:, : num_legal + 1].astype(bool)
+        grammar_s += time.perf_counter() - tic
+        # a finished row may only stop; below min_length no row may stop, and a dead end stops
+        mask &= active[:, None]
+        if k < min_length:
+            mask[:, num_legal] = False
+        mask[:, num_legal] |= ~mask.any(axis=1)
+        feeds["mask"] = mask
+        if k == big_t:  # only the stop's log-probability is read: no draw
+            feeds["noise"] = np.ones((n, num_legal + 1), dtype=np.float32)
+        else:  # torch.multinomial's noise, from the same generator in the same order
+            noise = torch.empty((n, num_legal + 1), dtype=torch.float32)
+            feeds["noise"] = noise.exponential_(generator=generator).numpy()
+        tic = time.perf_counter()
+        if k == 0:
+            out = sample.run(_SAMPLED, {**first, **_sample_feeds(feeds)})
+        else:
+            feeds["tokens"], feeds["positions"] = step_tokens, positions
+            out = step.run(_SAMPLED + presents, feeds)
+            for name, value in zip(presents, out[len(_SAMPLED) :], strict=True):
+                feeds[name.replace("present", "past")] = value
+            positions = positions + 1
+        model_s += time.perf_counter() - tic
+        choice, token_lp, stop_lp, log_norm = out[: len(_SAMPLED)]
+        log_pterm[:, k] = np.where(active, stop_lp, 0.0)
+        if k == big_t:
+            break
+        if not np.isfinite(log_norm).all():  # as torch.multinomial refuses such a distribution
+            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+        stops = active & (choice == num_legal)
+        moves = active & ~stops
+        step_tokens = np.where(moves, sub_ids[choice], policy.pad_id)
+        tokens[:, k] = step_tokens
+        log_pf[:, k] = np.where(moves, token_lp, 0.0)
+        length[stops] = k
+        active = moves
+        rows = np.flatnonzero(moves).tolist()
+        if not rows:
+            break
+        if grammar is not None:
+            tic = time.perf_counter()
+            accepted = grammar.accept_many(rows, step_tokens[rows].tolist())
+            grammar_s += time.perf_counter() - tic
+            if not all(accepted):
+                raise RuntimeError("grammar matcher rejected a token its own mask allowed")
+    row_ids = [tuple(row[:tau]) for row, tau in zip(tokens.tolist(), length.tolist(), strict=True)]
+    texts = [policy.row_text(row) for row in row_ids]
+    timings = RolloutTimings(model_s, grammar_s, time.perf_counter() - start)
+    device = policy.device
+    return Rollout(
+        torch.from_numpy(tokens).to(device),
+        torch.from_numpy(length).to(device),
+        torch.from_numpy(log_pf).to(device),
+        torch.from_numpy(log_pterm).to(device),
+        texts,
+        row_ids,
+        timings,
+    )
+
+
+def _sample_feeds(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {name: feeds[name] for name in ("mask", "temperature", "noise")}

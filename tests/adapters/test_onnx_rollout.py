@@ -1,0 +1,203 @@
+"""The ONNX path (adapters/lm/onnx_rollout.py, onnx_graph.py) against torch.
+
+References: ``lean_gpt2.forward`` (itself held to transformers' forward in test_lean_gpt2.py) for
+the step graph's logits and keys and values; the plain reference loop of
+test_rollout_identity.py (transformers' forward, torch.multinomial) for whole rollouts: the same
+tokens, lengths and texts, the generator left in the same state, the log-probabilities equal up
+to float rounding (the two engines' kernels round differently); the eager path for what it shares
+with this one (weights updated in place, NaN logits refused, the fallback for prompts of different
+lengths).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from raptb.adapters.lm import lean_gpt2, onnx_rollout
+from raptb.adapters.lm.lora import apply_lora
+from raptb.adapters.lm.onnx_graph import weight_names
+from raptb.adapters.lm.policy import HFPolicy
+from tests.adapters.test_policy import GRAMMAR, PROMPT, make_policy
+from tests.adapters.test_rollout_identity import ROLLOUT_CASES, reference_rollout
+
+TOLERANCE = 1e-5
+"""Log-probabilities of magnitude 0.01-20: the engines' float32 rounding is below 2e-6."""
+
+
+def perturbed_policy(grammar: str | None, seed: int) -> HFPolicy:
+    """The tiny model with every parameter moved off its initialisation (biases and layer norms
+    are 0 and 1 there, which would leave their inputs' wiring untested), sharpened logits."""
+    policy = make_policy(grammar, seed=seed, logit_scale=4.0)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in policy.model.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=generator))
+    return policy
+
+
+@pytest.fixture(scope="module", params=["grammar", "free"])
+def onnx_policy(request: pytest.FixtureRequest) -> HFPolicy:
+    return perturbed_policy(None if request.param == "free" else GRAMMAR, seed=3)
+
+
+def test_auto_decodes_through_onnx_on_the_cpu(onnx_policy: HFPolicy) -> None:
+    assert onnx_policy.decode == "auto" and onnx_policy.decode_path == "onnx"
+    lora = make_policy()
+    lora.model = apply_lora(lora.model, rank=4, dropout=0.0)
+    assert lora.decode_path == "eager"  # (not a model the lean forward supports)
+    lora.decode = "onnx"
+    with pytest.raises(ValueError, match="onnx needs"):
+        _ = lora.decode_path
+    half = make_policy()
+    half.model.to(torch.bfloat16)
+    assert half.decode_path == "eager"
+    with pytest.raises(ValueError, match="decode: expected one of"):
+        HFPolicy(
+            half.model, half.tokenizer, legal_ids=half.legal_ids, stop_id=half.stop_id,
+            decode="onnnx",
+        )  # fmt: skip
+
+
+def test_step_graph_equals_the_lean_forward() -> None:
+    policy = perturbed_policy(GRAMMAR, seed=5)
+    model = policy.model
+    sub_ids = [*policy.legal_ids, policy.stop_id]
+    shape = onnx_rollout.column_shape(model, sub_ids, policy.stop_id)
+    _, step = onnx_rollout.sessions(shape, 1)
+    n, generator = 11, torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        _, past, position, _ = lean_gpt2.prompt_logits_and_past(
+            model, [policy.prompt_ids(PROMPT)] * n, policy.pad_id, torch.device("cpu")
+        )
+        past = [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in past]
+        feeds = {name: model.get_parameter(name).detach().numpy() for name in weight_names(shape)}
+        feeds |= {
+            "mask": np.ones((n, shape.width), dtype=bool),
+            "temperature": np.ones((n, 1), dtype=np.float32),
+            "noise": np.ones((n, shape.width), dtype=np.float32),
+        }
+        onnx_past = [(k.contiguous().numpy(), v.contiguous().numpy()) for k, v in past]
+        for _ in range(4):  # four columns, each over the keys and values of those before
+            tokens = torch.randint(0, shape.vocab, (n,), generator=generator)
+            logits, past = lean_gpt2.forward(model, tokens[:, None], position, past)
+            for layer, (k, v) in enumerate(onnx_past):
+                feeds[f"past_k{layer}"], feeds[f"past_v{layer}"] = k, v
+            feeds["tokens"], feeds["positions"] = tokens.numpy(), position[:, 0].numpy()
+            names = ["log_norm", "stop_lp"] + [
+                f"present_{kv}{layer}" for layer in range(shape.n_layer) for kv in "kv"
+            ]
+            log_norm, stop_lp, *present = step.run(names, feeds)
+            want = torch.logsumexp(logits[:, -1].double(), dim=-1)
+            assert np.abs(log_norm - want.numpy()).max() < TOLERANCE
+            stop = logits[:, -1, policy.stop_id].double() - want
+            assert np.abs(stop_lp - stop.numpy()).max() < TOLERANCE
+            for layer, (k, v) in enumerate(past):
+                assert np.abs(present[2 * layer] - k.numpy()).max() < TOLERANCE
+                assert np.abs(present[2 * layer + 1] - v.numpy()).max() < TOLERANCE
+            onnx_past = list(zip(present[::2], present[1::2], strict=True))
+            position = position + 1
+
+
+def test_sample_graph_on_hand_made_rows() -> None:
+    """Three choices (ids 0, 2 and stop 3 of a 4-token vocabulary): masked choices never drawn,
+    the temperature divides before the softmax, the first of tied maxima wins, the log-
+    probabilities are the untempered full-vocabulary ones."""
+    from raptb.adapters.lm.onnx_graph import ColumnShape, sample_graph
+
+    shape = ColumnShape(1, 1, 4, 16, 4, 8, 1e-5, (0, 2, 3), 3)
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(sample_graph(shape), providers=["CPUExecutionProvider"])
+    logits = np.array(
+        [[0.0, 5.0, 1.0, 2.0], [3.0, 0.0, 3.0, 0.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 4.0, 0.0]],
+        dtype=np.float32,
+    )
+    mask = np.array([[1, 1, 1], [1, 1, 0], [0, 0, 1], [1, 1, 1]], dtype=bool)
+    # row 0: p = softmax([0, 1, 2] / 2) over the three; noise makes the choice 0's p / 0.1 win
+    # row 1: a tie of p (logits 3 and 3) with equal noise: the first, choice 0
+    # row 2: only the stop is allowed; row 3: temperature 0.25 sharpens choice 1 (logit 4)
+    temperature = np.array([[2.0], [1.0], [1.0], [0.25]], dtype=np.float32)
+    noise = np.array([[0.1, 1.0, 1.0], [1.0, 1.0, 1.0], [1.0, 1.0, 1e-3], [0.5, 1.0, 0.5]])
+    choice, token_lp, stop_lp = session.run(
+        ["choice", "token_lp", "stop_lp"],
+        {"logits": logits, "mask": mask, "temperature": temperature, "noise": noise.astype("f4")},
+    )
+    assert choice.tolist() == [0, 0, 2, 1]
+    log_norm = np.log(np.exp(logits.astype(np.float64)).sum(axis=1))
+    chosen = np.array([0, 0, 3, 2])  # the vocabulary ids of the choices
+    want = logits[np.arange(4), chosen] - log_norm
+    assert np.abs(token_lp - want).max() < TOLERANCE
+    assert np.abs(stop_lp - (logits[:, 3] - log_norm)).max() < TOLERANCE
+
+
+@pytest.mark.parametrize(*ROLLOUT_CASES)
+def test_rollout_equals_the_reference_loop(
+    onnx_policy: HFPolicy,
+    seed: int,
+    n: int,
+    min_length: int,
+    max_length: int,
+    temperature: float | torch.Tensor,
+) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    ref_gen = torch.Generator().manual_seed(seed)
+    r = onnx_policy.sample(
+        PROMPT, n, min_length=min_length, max_length=max_length, temperature=temperature,
+        generator=gen,
+    )  # fmt: skip
+    tokens, length, log_pf, log_pterm = reference_rollout(
+        onnx_policy, n, min_length, max_length, temperature, ref_gen
+    )
+    assert torch.equal(r.tokens, tokens)
+    assert torch.equal(r.length, length)
+    assert torch.equal(gen.get_state(), ref_gen.get_state())  # the same draws, in order
+    rows = [tuple(row[:tau]) for row, tau in zip(tokens.tolist(), length.tolist(), strict=True)]
+    assert r.rows == rows
+    assert r.texts == [onnx_policy.row_text(row) for row in rows]
+    assert torch.allclose(r.log_pf, log_pf, rtol=0, atol=TOLERANCE)
+    assert torch.allclose(r.log_pterm, log_pterm, rtol=0, atol=TOLERANCE)
+    assert bool(torch.all((r.log_pf == 0) == (log_pf == 0)))  # zero exactly where stopped
+    assert bool(torch.all((r.log_pterm == 0) == (log_pterm == 0)))
+
+
+def on_both_paths(policy: HFPolicy, prompt: str | list[str], n: int, seed: int) -> dict:
+    """The rollouts of ``policy`` through ONNX and eagerly, each from generator seed ``seed``."""
+    rollouts = {}
+    for decode in ("onnx", "eager"):
+        policy.decode = decode
+        gen = torch.Generator().manual_seed(seed)
+        rollouts[decode] = policy.sample(prompt, n, min_length=1, max_length=9, generator=gen)
+    return rollouts
+
+
+def test_follows_weights_updated_in_place() -> None:
+    """The graph reads the parameters' memory at each rollout: after an in-place update (as the
+    optimizer's) it samples the updated model, as the eager path does."""
+    policy = perturbed_policy(GRAMMAR, seed=7)
+    policy.sample(PROMPT, 8, min_length=1, max_length=9)  # the sessions built, the weights read
+    with torch.no_grad():
+        for param in policy.model.parameters():
+            param.mul_(1.5)
+    rollouts = on_both_paths(policy, PROMPT, 24, seed=11)
+    assert torch.equal(rollouts["onnx"].tokens, rollouts["eager"].tokens)
+    diff = (rollouts["onnx"].log_pterm - rollouts["eager"].log_pterm).abs().max()
+    assert float(diff) < TOLERANCE
+
+
+def test_prompts_of_different_lengths_decode_eagerly() -> None:
+    policy = perturbed_policy(GRAMMAR, seed=8)
+    rollouts = on_both_paths(policy, ["Make 24:", "24:"] * 3, 6, seed=2)
+    assert torch.equal(rollouts["onnx"].tokens, rollouts["eager"].tokens)
+    assert torch.equal(rollouts["onnx"].log_pf, rollouts["eager"].log_pf)  # the same path
+
+
+def test_refuses_non_finite_logits_as_multinomial_does() -> None:
+    policy = perturbed_policy(GRAMMAR, seed=9)
+    with torch.no_grad():
+        policy.model.transformer.ln_f.bias[0] = float("nan")
+    for decode in ("onnx", "eager"):
+        policy.decode = decode
+        with pytest.raises(RuntimeError, match="probability tensor"):
+            policy.sample(PROMPT, 4, min_length=1, max_length=9)
