@@ -37,6 +37,20 @@ import numpy as np
 OPSET = 20
 """ONNX's opset: ``Gelu`` with the tanh approximation (GPT-2's) is in 20."""
 
+ACTIVATIONS = {
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "gelu": "gelu",
+    "gelu_python": "gelu",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
+"""transformers' ``activation_function`` names (``ACT2FN``) the graph computes, by the function
+each is: the tanh approximation (GPT-2's), the exact (erf) GELU, ReLU, x sigmoid(x). A model with
+another activation decodes on the eager path."""
+
 
 @dataclass(frozen=True)
 class ColumnShape:
@@ -52,6 +66,8 @@ class ColumnShape:
     sub_ids: tuple[int, ...]
     """Full-vocabulary ids of the behaviour's K choices (the legal tokens, then stop)."""
     stop_id: int
+    activation: str = "gelu_tanh"
+    """The MLP's activation, one of ``ACTIVATIONS``' values."""
 
     @property
     def width(self) -> int:
@@ -203,8 +219,9 @@ def _forward(b: _Builder, shape: ColumnShape) -> str:
         y = b.one("Reshape", [y, as_rows])
         h = b.one("Add", [h, b.one("Gemm", [y, p + "attn.c_proj.weight", p + "attn.c_proj.bias"])])
         x = b.one("LayerNormalization", [h, p + "ln_2.weight", p + "ln_2.bias"], epsilon=shape.eps)
-        m = b.one("Gemm", [x, p + "mlp.c_fc.weight", p + "mlp.c_fc.bias"])
-        m = b.one("Gelu", [m], approximate="tanh")
+        m = _activation(
+            b, shape.activation, b.one("Gemm", [x, p + "mlp.c_fc.weight", p + "mlp.c_fc.bias"])
+        )
         h = b.one("Add", [h, b.one("Gemm", [m, p + "mlp.c_proj.weight", p + "mlp.c_proj.bias"])])
     x = b.one(
         "LayerNormalization",
@@ -212,6 +229,20 @@ def _forward(b: _Builder, shape: ColumnShape) -> str:
         epsilon=shape.eps,
     )
     return b.one("Gemm", [x, "lm_head.weight"], transB=1)
+
+
+def _activation(b: _Builder, kind: str, x: str) -> str:
+    if kind == "gelu_tanh":
+        return b.one("Gelu", [x], approximate="tanh")
+    if kind == "gelu":
+        return b.one("Gelu", [x])
+    if kind == "relu":
+        return b.one("Relu", [x])
+    if kind == "silu":
+        return b.one("Mul", [x, b.one("Sigmoid", [x])])
+    raise ValueError(
+        f"activation: expected one of {sorted(set(ACTIVATIONS.values()))}, got {kind!r}"
+    )
 
 
 def _sample(b: _Builder, shape: ColumnShape, logits: str) -> None:

@@ -23,7 +23,13 @@ import numpy as np
 import torch
 
 from raptb.adapters.lm import lean_gpt2
-from raptb.adapters.lm.onnx_graph import ColumnShape, sample_graph, step_graph, weight_names
+from raptb.adapters.lm.onnx_graph import (
+    ACTIVATIONS,
+    ColumnShape,
+    sample_graph,
+    step_graph,
+    weight_names,
+)
 from raptb.adapters.lm.rollout_record import Rollout, RolloutTimings, row_temperatures
 from raptb.adapters.lm.row_prompts import check_rollout_shape, row_prompt_ids
 
@@ -40,9 +46,11 @@ def available() -> bool:
 
 def usable(model: torch.nn.Module) -> bool:
     """Whether this path runs ``model``'s rollouts: a model ``lean_gpt2`` supports (the caller
-    asks that, memoised), every parameter float32 on the CPU, and ONNX Runtime installed."""
+    asks that, memoised), with an activation the graph computes (``onnx_graph.ACTIVATIONS``),
+    every parameter float32 on the CPU, and ONNX Runtime installed."""
     return (
-        all(p.dtype == torch.float32 and p.device.type == "cpu" for p in model.parameters())
+        getattr(model.config, "activation_function", None) in ACTIVATIONS
+        and all(p.dtype == torch.float32 and p.device.type == "cpu" for p in model.parameters())
         and _available()
     )
 
@@ -64,6 +72,7 @@ def column_shape(model: torch.nn.Module, sub_ids: Sequence[int], stop_id: int) -
         eps=float(config.layer_norm_epsilon),
         sub_ids=tuple(int(i) for i in sub_ids),
         stop_id=int(stop_id),
+        activation=ACTIVATIONS[config.activation_function],
     )
 
 

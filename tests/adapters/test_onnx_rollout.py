@@ -60,8 +60,25 @@ def test_auto_decodes_through_onnx_on_the_cpu(onnx_policy: HFPolicy) -> None:
         )  # fmt: skip
 
 
-def test_step_graph_equals_the_lean_forward() -> None:
-    policy = perturbed_policy(GRAMMAR, seed=5)
+def with_activation(policy: HFPolicy, name: str) -> HFPolicy:
+    """``policy``'s model with the MLP activation ``name`` (transformers' ACT2FN)."""
+    from transformers.activations import ACT2FN
+
+    policy.model.config.activation_function = name
+    for block in policy.model.transformer.h:
+        block.mlp.act = ACT2FN[name]
+    return policy
+
+
+def test_activations_outside_the_graph_decode_eagerly() -> None:
+    policy = with_activation(make_policy(), "quick_gelu")
+    assert policy.decode_path == "eager"
+
+
+@pytest.mark.parametrize("activation", ["gelu_pytorch_tanh", "gelu_new", "gelu", "relu", "silu"])
+def test_step_graph_equals_the_lean_forward(activation: str) -> None:
+    policy = with_activation(perturbed_policy(GRAMMAR, seed=5), activation)
+    assert policy.decode_path == "onnx"
     model = policy.model
     sub_ids = [*policy.legal_ids, policy.stop_id]
     shape = onnx_rollout.column_shape(model, sub_ids, policy.stop_id)
