@@ -20,6 +20,7 @@ Usage (from the repository root):
         --base-root /work/wt-base [--rounds 3 --threads 1 0]
     python benchmarks/step_speed.py copies [--phases 30 1000 2500 --steps 200 --loss grpo]
     python benchmarks/step_speed.py decode [--phases 30 1000 2500 --steps 200 --loss grpo]
+    python benchmarks/step_speed.py sizes [--rounds 5 --threads 1]
     python benchmarks/step_speed.py interleave --base-python /work/venv-base/bin/python \
         --base-root /work/wt-base [--threads 1 --warmup 30 --blocks 40 --block 10]
 
@@ -39,11 +40,13 @@ the copies merged), and prints a Markdown table with the mean distinct rows per 
 defaults have it). ``decode`` is ``copies`` for the rollout's path: each column in one ONNX
 Runtime call (``HFPolicy.decode`` "onnx", adapters/lm/onnx_rollout.py, the default on the CPU)
 against torch's operations ("eager"), with the rollout's own median milliseconds (its
-``RolloutTimings``) beside the step's. ``interleave`` is ``ab`` without the fresh processes: one
-worker process per side (``serve``) builds its trainer and takes ``--warmup`` steps, then the two
-take turns at ``--block`` steps for ``--blocks`` turns each, the side waiting blocked on its pipe
-(no CPU), the order alternating turn by turn; it prints each side's median ms per step, the ratio of
-medians and the median and 10th-90th percentiles of the ratios of consecutive turns (paired, so the
+``RolloutTimings``) beside the step's; ``sizes`` times one rollout through ONNX and eagerly for
+GPT-2 models of growing size (``SIZES``), the two alternating ``--rounds`` times. ``interleave`` is
+``ab`` without the fresh processes: one worker process per side (``serve``) builds its trainer and
+takes ``--warmup`` steps, then the two take turns at ``--block`` steps for ``--blocks`` turns each,
+the side waiting blocked on its pipe (no CPU), the order alternating turn by turn; it prints each
+side's median ms per step, the ratio of medians and the median and 10th-90th percentiles of the
+ratios of consecutive turns (paired, so the
 machine's drift over minutes, up to 2x here, falls on both sides alike).
 """
 
@@ -463,6 +466,54 @@ def decode(args: argparse.Namespace) -> None:
         )
 
 
+SIZES = ((64, 2, None), (128, 4, None), (256, 6, None), (512, 8, None), (256, 6, 50257))
+"""``sizes``' GPT-2 shapes: width, layers, vocabulary (None: the embedded model's characters)."""
+
+
+def sizes(args: argparse.Namespace) -> None:
+    """A rollout of 34 rows and 9 columns through ONNX and eagerly, GPT-2 models of growing size
+    (random weights, no grammar), the two alternating: where ``decode = "auto"`` should stop
+    taking the ONNX path (``onnx_rollout.AUTO_MAX_PARAMETERS``)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from raptb.adapters.lm.models import build_char_tokenizer
+    from raptb.adapters.lm.policy import HFPolicy
+    from raptb.adapters.lm.tokens import legal_token_ids, stop_token_id
+
+    torch.set_num_threads(args.threads[0] or torch.get_num_threads())
+    tokenizer = build_char_tokenizer()
+    stop = stop_token_id(tokenizer)
+    legal = legal_token_ids(tokenizer, "123456789+-*/", stop_id=stop)
+    print(
+        "| width | layers | vocabulary | parameters | onnx ms (median) | eager ms (median) | "
+        "ratio |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for width, layers, vocab in SIZES:
+        config = GPT2Config(
+            vocab_size=vocab or len(tokenizer), n_positions=128, n_embd=width, n_layer=layers,
+            n_head=4, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0,
+            activation_function="gelu_pytorch_tanh", eos_token_id=None, bos_token_id=None,
+        )  # fmt: skip
+        policy = HFPolicy(GPT2LMHeadModel(config).eval(), tokenizer, legal_ids=legal, stop_id=stop)
+        times: dict[str, list[float]] = {"onnx": [], "eager": []}
+        for index in range(2 * args.rounds):
+            path = ("onnx", "eager")[index % 2]
+            policy.decode = path
+            generator = torch.Generator().manual_seed(index // 2)
+            tic = time.perf_counter()
+            policy.sample("Make 24:", 34, min_length=9, max_length=9, generator=generator)
+            times[path].append(1000 * (time.perf_counter() - tic))
+        onnx, eager = (statistics.median(times[p]) for p in ("onnx", "eager"))
+        count = sum(p.numel() for p in policy.model.parameters())
+        print(
+            f"| {width} | {layers} | {vocab or len(tokenizer)} | {count / 1e6:.2f}M | "
+            f"{onnx:.1f} | {eager:.1f} | {eager / onnx:.2f}x |",
+            flush=True,
+        )
+
+
 def _loss_trainer(args: argparse.Namespace) -> Any:
     """The main job's trainer with ``--loss`` (a GFlowNet objective with SubM, else the RL
     loss's own defaults), seed ``--seed``, ``--threads``."""
@@ -482,7 +533,7 @@ def _loss_trainer(args: argparse.Namespace) -> Any:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    modes = ["profile", "ab", "floor", "copies", "decode", "interleave", "serve"]
+    modes = ["profile", "ab", "floor", "copies", "decode", "sizes", "interleave", "serve"]
     parser.add_argument("mode", choices=modes)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
@@ -508,6 +559,8 @@ def main() -> None:
         copies(args)
     elif args.mode == "decode":
         decode(args)
+    elif args.mode == "sizes":
+        sizes(args)
     elif args.mode == "serve":
         serve(args.seed, args.threads[0], args.warmup)
     elif args.mode == "interleave":

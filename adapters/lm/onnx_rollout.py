@@ -9,8 +9,9 @@ host. The draw is torch.multinomial's (``onnx_graph``), its exponential noise dr
 rollout's generator as multinomial draws it: a seed gives the same rows as the eager path, up to
 a tie within float rounding, and leaves the generator in the same state.
 
-``usable(model)`` says when it applies (with ``lean_gpt2.supports``); ``HFPolicy.decode_path``
-is then ``"onnx"`` under ``decode = "auto"`` (``"eager"`` keeps the torch path).
+``usable(model)`` says when it applies (with ``lean_gpt2.supports``), ``preferred(model)`` when
+``decode = "auto"`` takes it (small models: ``AUTO_MAX_PARAMETERS``); ``"eager"`` keeps the torch
+path, ``"onnx"`` asks for this one wherever it applies.
 """
 
 from __future__ import annotations
@@ -53,6 +54,21 @@ def usable(model: torch.nn.Module) -> bool:
         and all(p.dtype == torch.float32 and p.device.type == "cpu" for p in model.parameters())
         and _available()
     )
+
+
+AUTO_MAX_PARAMETERS = 2_000_000
+"""The largest model ``decode = "auto"`` hands to this path. One thread, 34 rows, 9 columns, the
+two alternating (``python benchmarks/step_speed.py sizes``, 2026-11-29, a 2-core Intel Xeon; GPT-2
+shapes with the embedded model's 98-token vocabulary unless said), eager's time over this path's:
+1.32-1.37x at 0.11M parameters (the embedded model), 1.26-1.34x at 0.8M, 0.99-1.13x at 4.8M,
+0.84-0.87x at 25M, 0.76-0.78x at 18M with GPT-2's 50,257 tokens: with its weights as inputs the
+graph's products repack them at every call, which costs more than the dispatch it saves once the
+products are large."""
+
+
+def preferred(model: torch.nn.Module) -> bool:
+    """``usable`` and at most ``AUTO_MAX_PARAMETERS`` parameters: where ``auto`` takes it."""
+    return sum(p.numel() for p in model.parameters()) <= AUTO_MAX_PARAMETERS and usable(model)
 
 
 @functools.cache

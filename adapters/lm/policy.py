@@ -71,7 +71,8 @@ class HFPolicy:
         (``raptb.adapters.lm.static_decode``: static KV cache, fixed batch buckets, CUDA graphs on a
         GPU; the same rollouts), ``"onnx"`` (``raptb.adapters.lm.onnx_rollout``: each column in
         one ONNX Runtime call; GPT-2 in float32 on the CPU; the same rollouts up to float
-        rounding), or ``"auto"``: static on CUDA, onnx on the CPU where it applies, else eager.
+        rounding), or ``"auto"``: static on CUDA, onnx on the CPU where it applies to a small
+        model (``onnx_rollout.AUTO_MAX_PARAMETERS``), else eager.
     """
 
     def __init__(
@@ -144,7 +145,9 @@ class HFPolicy:
             not sharded
             and self.decode in ("auto", "onnx")
             and self.uses_lean_gpt2(self.model)
-            and onnx_rollout.usable(self.model)
+            and (onnx_rollout.preferred if self.decode == "auto" else onnx_rollout.usable)(
+                self.model
+            )
         )
         return resolve_decode(self.decode, self.device, sharded=sharded, onnx=onnx)
 

@@ -218,3 +218,13 @@ def test_refuses_non_finite_logits_as_multinomial_does() -> None:
         policy.decode = decode
         with pytest.raises(RuntimeError, match="probability tensor"):
             policy.sample(PROMPT, 4, min_length=1, max_length=9)
+
+
+def test_auto_takes_onnx_for_small_models_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    policy = make_policy()
+    assert policy.decode_path == "onnx"
+    params = sum(p.numel() for p in policy.model.parameters())
+    monkeypatch.setattr(onnx_rollout, "AUTO_MAX_PARAMETERS", params - 1)
+    assert policy.decode_path == "eager"  # a model above the size auto takes
+    policy.decode = "onnx"
+    assert policy.decode_path == "onnx"  # asked for: any size it applies to
