@@ -17,6 +17,7 @@ path, ``"onnx"`` asks for this one wherever it applies.
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from collections.abc import Sequence
 
@@ -36,7 +37,10 @@ from raptb.adapters.lm.row_prompts import check_rollout_shape, row_prompt_ids
 
 
 def available() -> bool:
-    """Whether ONNX Runtime and ONNX (to build the graphs) can be imported."""
+    """Whether ONNX Runtime and ONNX (to build the graphs) can be imported, on a little-endian
+    machine (the grammar's packed masks are unpacked as bytes)."""
+    if sys.byteorder != "little":
+        return False
     try:
         import onnx  # noqa: F401
         import onnxruntime  # noqa: F401
