@@ -376,6 +376,31 @@ def ab(args: argparse.Namespace) -> None:
         Path(args.json).write_text(json.dumps({f"{k[0]}-{k[1]}": v for k, v in runs.items()}))
 
 
+def _alternating(
+    trainer: Any,
+    phase: int,
+    steps: int,
+    sides: tuple[str, str],
+    choose: Callable[[str], None],
+    on_start: Callable[[], None],
+) -> tuple[int, dict[str, list[float]]]:
+    """``trainer`` trained on to step ``phase`` on the first side (a phase already passed starts
+    where the last one ended), ``on_start()``, then ``steps`` steps of each side, alternating step
+    by step so that the machine's drift falls on both alike (``choose(side)`` switches): the first
+    step timed and each side's milliseconds."""
+    choose(sides[0])
+    while trainer.step < phase:
+        _step_ms(trainer)
+    on_start()
+    start = trainer.step
+    times: dict[str, list[float]] = {side: [] for side in sides}
+    for index in range(2 * steps):
+        side = sides[index % 2]
+        choose(side)
+        times[side].append(_step_ms(trainer))
+    return start, times
+
+
 def copies(args: argparse.Namespace) -> None:
     """The scoring forward over distinct rows against every row, alternating in one trainer."""
     import torch
@@ -393,27 +418,21 @@ def copies(args: argparse.Namespace) -> None:
 
     policy_module.distinct_rows = counted
 
+    def choose(side: str) -> None:
+        trainer.policy.merge_copies = side == "merged"
+
     print(
         "| from step | distinct rows per scoring forward | ms/step, merged (median; mean) | "
         "ms/step, every row (median; mean) | ratio of medians | ratio of means |"
     )
     print("|---:|---:|---|---|---:|---:|")
+    sides = ("merged", "every row")
     for phase in args.phases:
-        trainer.policy.merge_copies = True
-        while trainer.step < phase:  # a phase already passed starts where the last one ended
-            _step_ms(trainer)
-        start = trainer.step
-        times: dict[bool, list[float]] = {True: [], False: []}
-        seen.clear()
-        # the two alternate step by step, so that the machine's drift falls on both alike
-        for index in range(2 * args.steps):
-            merge = index % 2 == 0
-            trainer.policy.merge_copies = merge
-            times[merge].append(_step_ms(trainer))
+        start, times = _alternating(trainer, phase, args.steps, sides, choose, seen.clear)
         distinct = statistics.mean(n for _, n in seen)
         rows = statistics.mean(b for b, _ in seen)
-        medians = [statistics.median(times[m]) for m in (True, False)]
-        means = [statistics.mean(times[m]) for m in (True, False)]
+        medians = [statistics.median(times[side]) for side in sides]
+        means = [statistics.mean(times[side]) for side in sides]
         print(
             f"| {start} | {distinct:.1f} of {rows:.0f} | {medians[0]:.1f}; {means[0]:.1f} | "
             f"{medians[1]:.1f}; {means[1]:.1f} | {medians[1] / medians[0]:.3f}x | "
@@ -428,36 +447,33 @@ def decode(args: argparse.Namespace) -> None:
     from raptb.adapters.lm import rollout as rollout_module
 
     trainer = _loss_trainer(args)
-    spent: list[float] = []  # each rollout's seconds (RolloutTimings.total_s)
-    sample = rollout_module.sample_rollout
+    sides = ("onnx", "eager")
+    # each side's rollout milliseconds (RolloutTimings), from the first timed step
+    rollouts: dict[str, list[float]] = {side: [] for side in sides}
+
+    def on_start() -> None:
+        for times in rollouts.values():
+            times.clear()
+
+    def choose(side: str) -> None:
+        trainer.policy.decode = side
 
     def timed(*call: Any, **kwargs: Any) -> Any:
-        rollout = sample(*call, **kwargs)
-        spent.append(rollout.timings.total_s)
+        rollout = rollout_module.sample_rollout(trainer.policy, *call, **kwargs)
+        rollouts[trainer.policy.decode].append(1000 * rollout.timings.total_s)
         return rollout
 
-    type(trainer.policy).sample = timed
+    trainer.policy.sample = timed
     print(
         "| from step | rollout ms, onnx (median) | rollout ms, eager (median) | ratio | "
         "ms/step, onnx (median; mean) | ms/step, eager (median; mean) | ratio of medians |"
     )
     print("|---:|---:|---:|---:|---|---|---:|")
     for phase in args.phases:
-        trainer.policy.decode = "auto"
-        while trainer.step < phase:
-            _step_ms(trainer)
-        start = trainer.step
-        times: dict[str, list[float]] = {"onnx": [], "eager": []}
-        rollouts: dict[str, list[float]] = {"onnx": [], "eager": []}
-        for index in range(2 * args.steps):  # step by step, as in copies
-            path = ("onnx", "eager")[index % 2]
-            trainer.policy.decode = path
-            spent.clear()
-            times[path].append(_step_ms(trainer))
-            rollouts[path] += [1000 * s for s in spent]
-        roll = [statistics.median(rollouts[p]) for p in ("onnx", "eager")]
-        medians = [statistics.median(times[p]) for p in ("onnx", "eager")]
-        means = [statistics.mean(times[p]) for p in ("onnx", "eager")]
+        start, times = _alternating(trainer, phase, args.steps, sides, choose, on_start)
+        roll = [statistics.median(rollouts[side]) for side in sides]
+        medians = [statistics.median(times[side]) for side in sides]
+        means = [statistics.mean(times[side]) for side in sides]
         print(
             f"| {start} | {roll[0]:.2f} | {roll[1]:.2f} | {roll[1] / roll[0]:.2f}x | "
             f"{medians[0]:.1f}; {means[0]:.1f} | {medians[1]:.1f}; {means[1]:.1f} | "

@@ -65,9 +65,13 @@ class ColumnShape:
     eps: float
     sub_ids: tuple[int, ...]
     """Full-vocabulary ids of the behaviour's K choices (the legal tokens, then stop)."""
-    stop_id: int
     activation: str = "gelu_tanh"
     """The MLP's activation, one of ``ACTIVATIONS``' values."""
+
+    @property
+    def stop_id(self) -> int:
+        """The stop's id: the last choice."""
+        return self.sub_ids[-1]
 
     @property
     def width(self) -> int:

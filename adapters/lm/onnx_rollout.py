@@ -17,7 +17,6 @@ path, ``"onnx"`` asks for this one wherever it applies.
 from __future__ import annotations
 
 import functools
-import sys
 import time
 from collections.abc import Sequence
 
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 
 from raptb.adapters.lm import lean_gpt2
+from raptb.adapters.lm.grammar import unpack_bitmask
 from raptb.adapters.lm.onnx_graph import (
     ACTIVATIONS,
     ColumnShape,
@@ -37,10 +37,7 @@ from raptb.adapters.lm.row_prompts import check_rollout_shape, row_prompt_ids
 
 
 def available() -> bool:
-    """Whether ONNX Runtime and ONNX (to build the graphs) can be imported, on a little-endian
-    machine (the grammar's packed masks are unpacked as bytes)."""
-    if sys.byteorder != "little":
-        return False
+    """Whether ONNX Runtime and ONNX (to build the graphs) can be imported."""
     try:
         import onnx  # noqa: F401
         import onnxruntime  # noqa: F401
@@ -81,7 +78,8 @@ def _available() -> bool:
     return available()
 
 
-def column_shape(model: torch.nn.Module, sub_ids: Sequence[int], stop_id: int) -> ColumnShape:
+def column_shape(model: torch.nn.Module, sub_ids: Sequence[int]) -> ColumnShape:
+    """The graphs' shape for ``model`` and the behaviour's choices ``sub_ids`` (stop last)."""
     config = model.config
     return ColumnShape(
         n_layer=config.n_layer,
@@ -92,7 +90,6 @@ def column_shape(model: torch.nn.Module, sub_ids: Sequence[int], stop_id: int) -
         positions=model.transformer.wpe.weight.shape[0],
         eps=float(config.layer_norm_epsilon),
         sub_ids=tuple(int(i) for i in sub_ids),
-        stop_id=int(stop_id),
         activation=ACTIVATIONS[config.activation_function],
     )
 
@@ -139,7 +136,7 @@ def onnx_rollout(
     model = policy.model
     big_t, num_legal = max_length, len(policy.legal_ids)
     sub_ids = np.array([*policy.legal_ids, policy.stop_id], dtype=np.int64)
-    shape = column_shape(model, sub_ids.tolist(), policy.stop_id)
+    shape = column_shape(model, sub_ids.tolist())
     sample, step = sessions(shape, torch.get_num_threads())
     temp = row_temperatures(temperature, n).numpy()[:, None]
     with torch.inference_mode():
@@ -177,9 +174,7 @@ def onnx_rollout(
         if grammar is None or k == big_t:  # (the last column only reads the stop's)
             mask = np.ones((n, num_legal + 1), dtype=bool)
         else:
-            packed = grammar.next_bitmask().numpy()
-            bits = np.unpackbits(packed.view(np.uint8), axis=1, bitorder="little")
-            mask = bits[:, : num_legal + 1].astype(bool)
+            mask = unpack_bitmask(grammar.next_bitmask(), num_legal + 1).numpy()
         grammar_s += time.perf_counter() - tic
         # a finished row may only stop; below min_length no row may stop, and a dead end stops
         mask &= active[:, None]

@@ -81,7 +81,7 @@ def test_step_graph_equals_the_lean_forward(activation: str) -> None:
     assert policy.decode_path == "onnx"
     model = policy.model
     sub_ids = [*policy.legal_ids, policy.stop_id]
-    shape = onnx_rollout.column_shape(model, sub_ids, policy.stop_id)
+    shape = onnx_rollout.column_shape(model, sub_ids)
     _, step = onnx_rollout.sessions(shape, 1)
     n, generator = 11, torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -123,7 +123,10 @@ def test_sample_graph_on_hand_made_rows() -> None:
     probabilities are the untempered full-vocabulary ones."""
     from raptb.adapters.lm.onnx_graph import ColumnShape, sample_graph
 
-    shape = ColumnShape(1, 1, 4, 16, 4, 8, 1e-5, (0, 2, 3), 3)
+    shape = ColumnShape(
+        n_layer=1, n_head=1, n_embd=4, n_inner=16, vocab=4, positions=8, eps=1e-5,
+        sub_ids=(0, 2, 3),
+    )  # fmt: skip
     import onnxruntime as ort
 
     session = ort.InferenceSession(sample_graph(shape), providers=["CPUExecutionProvider"])
