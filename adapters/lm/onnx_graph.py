@@ -53,8 +53,8 @@ another activation decodes on the eager path."""
 
 
 @dataclass(frozen=True)
-class ColumnShape:
-    """What the graphs depend on: the model's configuration and the behaviour's sub-vocabulary."""
+class ModelShape:
+    """What a GPT-2 graph depends on: the model's configuration."""
 
     n_layer: int
     n_head: int
@@ -63,10 +63,16 @@ class ColumnShape:
     vocab: int
     positions: int
     eps: float
-    sub_ids: tuple[int, ...]
-    """Full-vocabulary ids of the behaviour's K choices (the legal tokens, then stop)."""
     activation: str = "gelu_tanh"
     """The MLP's activation, one of ``ACTIVATIONS``' values."""
+
+
+@dataclass(frozen=True)
+class ColumnShape(ModelShape):
+    """The column graphs' shape: the model's and the behaviour's sub-vocabulary."""
+
+    sub_ids: tuple[int, ...] = field(kw_only=True)
+    """Full-vocabulary ids of the behaviour's K choices (the legal tokens, then stop)."""
 
     @property
     def stop_id(self) -> int:
@@ -78,7 +84,7 @@ class ColumnShape:
         return len(self.sub_ids)
 
 
-def weight_names(shape: ColumnShape) -> list[str]:
+def weight_names(shape: ModelShape) -> list[str]:
     """The graph's weight inputs, named as ``GPT2LMHeadModel.named_parameters`` names them."""
     names = ["transformer.wte.weight", "transformer.wpe.weight"]
     for layer in range(shape.n_layer):
@@ -103,7 +109,7 @@ def weight_names(shape: ColumnShape) -> list[str]:
     return [*names, "transformer.ln_f.weight", "transformer.ln_f.bias", "lm_head.weight"]
 
 
-def _weight_shapes(shape: ColumnShape) -> dict[str, list[int]]:
+def weight_shapes(shape: ModelShape) -> dict[str, list[int]]:
     c, inner = shape.n_embd, shape.n_inner
     per_block = {
         "ln_1.weight": [c],
@@ -133,7 +139,7 @@ def _weight_shapes(shape: ColumnShape) -> dict[str, list[int]]:
 
 
 @dataclass
-class _Builder:
+class GraphBuilder:
     """Nodes, constants, inputs and outputs of one graph, with unique intermediate names."""
 
     nodes: list = field(default_factory=list)
@@ -159,17 +165,28 @@ class _Builder:
         self.constants.append(numpy_helper.from_array(value, name))
         return name
 
-    def input(self, name: str, dtype: int, dims: Sequence[int | str]) -> str:
+    def value(self, value: np.ndarray) -> str:
+        """A constant under a fresh name."""
+        self.count += 1
+        return self.constant(f"const_{self.count}", np.asarray(value))
+
+    def input(self, name: str, dtype: int, dims: Sequence[int | str] | None) -> str:
+        """A graph input (``dims`` None: of any shape)."""
         from onnx import helper
 
-        self.inputs.append(helper.make_tensor_value_info(name, dtype, list(dims)))
+        self.inputs.append(
+            helper.make_tensor_value_info(name, dtype, None if dims is None else list(dims))
+        )
         return name
 
-    def output(self, source: str, name: str, dtype: int, dims: Sequence[int | str]) -> None:
+    def output(self, source: str, name: str, dtype: int, dims: Sequence[int | str] | None) -> None:
+        """A graph output (``dims`` None: of any shape)."""
         from onnx import helper
 
         self.nodes.append(helper.make_node("Identity", [source], [name]))
-        self.outputs.append(helper.make_tensor_value_info(name, dtype, list(dims)))
+        self.outputs.append(
+            helper.make_tensor_value_info(name, dtype, None if dims is None else list(dims))
+        )
 
     def model(self, name: str) -> bytes:
         import onnx
@@ -182,7 +199,7 @@ class _Builder:
         return model.SerializeToString()
 
 
-def _forward(b: _Builder, shape: ColumnShape) -> str:
+def _forward(b: GraphBuilder, shape: ColumnShape) -> str:
     """GPT-2's one-token forward: the logits [n, V]; declares its inputs and the new keys and
     values as outputs ``present_k{l}``, ``present_v{l}``."""
     from onnx import TensorProto
@@ -192,7 +209,7 @@ def _forward(b: _Builder, shape: ColumnShape) -> str:
     head = c // heads
     tokens = b.input("tokens", i64, ["n"])
     positions = b.input("positions", i64, ["n"])
-    for name, dims in _weight_shapes(shape).items():
+    for name, dims in weight_shapes(shape).items():
         b.input(name, f32, dims)
     as_heads = b.constant("as_heads", np.array([-1, heads, 1, head], np.int64))
     as_rows = b.constant("as_rows", np.array([-1, c], np.int64))
@@ -223,7 +240,7 @@ def _forward(b: _Builder, shape: ColumnShape) -> str:
         y = b.one("Reshape", [y, as_rows])
         h = b.one("Add", [h, b.one("Gemm", [y, p + "attn.c_proj.weight", p + "attn.c_proj.bias"])])
         x = b.one("LayerNormalization", [h, p + "ln_2.weight", p + "ln_2.bias"], epsilon=shape.eps)
-        m = _activation(
+        m = activation(
             b, shape.activation, b.one("Gemm", [x, p + "mlp.c_fc.weight", p + "mlp.c_fc.bias"])
         )
         h = b.one("Add", [h, b.one("Gemm", [m, p + "mlp.c_proj.weight", p + "mlp.c_proj.bias"])])
@@ -235,7 +252,7 @@ def _forward(b: _Builder, shape: ColumnShape) -> str:
     return b.one("Gemm", [x, "lm_head.weight"], transB=1)
 
 
-def _activation(b: _Builder, kind: str, x: str) -> str:
+def activation(b: GraphBuilder, kind: str, x: str) -> str:
     if kind == "gelu_tanh":
         return b.one("Gelu", [x], approximate="tanh")
     if kind == "gelu":
@@ -249,7 +266,7 @@ def _activation(b: _Builder, kind: str, x: str) -> str:
     )
 
 
-def _sample(b: _Builder, shape: ColumnShape, logits: str) -> None:
+def _sample(b: GraphBuilder, shape: ColumnShape, logits: str) -> None:
     """The behaviour's draw and the log-probabilities (module docstring) on ``logits`` [n, V]."""
     from onnx import TensorProto
 
@@ -280,7 +297,7 @@ def sample_graph(shape: ColumnShape) -> bytes:
     ``temperature``, ``noise``."""
     from onnx import TensorProto
 
-    b = _Builder()
+    b = GraphBuilder()
     logits = b.input("logits", TensorProto.FLOAT, ["n", shape.vocab])
     _sample(b, shape, logits)
     return b.model("sample")
@@ -290,6 +307,6 @@ def step_graph(shape: ColumnShape) -> bytes:
     """The serialised ``step`` graph (module docstring): the forward's inputs (``tokens``,
     ``positions``, the weights, ``past_k{l}``, ``past_v{l}``), then ``sample``'s but ``logits``;
     outputs ``present_k{l}``, ``present_v{l}`` and ``sample``'s (read them by name)."""
-    b = _Builder()
+    b = GraphBuilder()
     _sample(b, shape, _forward(b, shape))
     return b.model("step")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -94,10 +95,10 @@ def column_shape(model: torch.nn.Module, sub_ids: Sequence[int]) -> ColumnShape:
     )
 
 
-@functools.lru_cache(maxsize=8)
-def sessions(shape: ColumnShape, threads: int) -> tuple:
-    """The ``sample`` and ``step`` graphs' sessions (built once per shape and thread count):
-    ``threads`` intra-op threads that sleep rather than spin when idle."""
+def session(graph: bytes, threads: int, profile: str | None = None):
+    """An ONNX Runtime session of the serialised ``graph`` on the CPU: ``threads`` intra-op
+    threads that sleep rather than spin when idle, errors only in the log; ``profile``: a folder
+    for ONNX Runtime's profile of its calls."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -106,11 +107,16 @@ def sessions(shape: ColumnShape, threads: int) -> tuple:
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 3  # errors only
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    providers = ["CPUExecutionProvider"]
-    return (
-        ort.InferenceSession(sample_graph(shape), options, providers=providers),
-        ort.InferenceSession(step_graph(shape), options, providers=providers),
-    )
+    if profile is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(profile) / "onnx")
+    return ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+
+
+@functools.lru_cache(maxsize=8)
+def sessions(shape: ColumnShape, threads: int) -> tuple:
+    """The ``sample`` and ``step`` graphs' sessions (built once per shape and thread count)."""
+    return session(sample_graph(shape), threads), session(step_graph(shape), threads)
 
 
 _SAMPLED = ["choice", "token_lp", "stop_lp", "log_norm"]
