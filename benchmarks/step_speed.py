@@ -19,7 +19,8 @@ Usage (from the repository root):
     python benchmarks/step_speed.py ab --base-python /work/venv-base/bin/python \
         --base-root /work/wt-base [--rounds 3 --threads 1 0]
     python benchmarks/step_speed.py copies [--phases 30 1000 2500 --steps 200 --loss grpo]
-    python benchmarks/step_speed.py decode [--phases 30 1000 2500 --steps 200 --loss grpo]
+    python benchmarks/step_speed.py decode [--phases 30 1000 2500 --steps 200 --loss grpo \
+        --task commongen]
     python benchmarks/step_speed.py sizes [--rounds 5 --threads 1]
     python benchmarks/step_speed.py interleave --base-python /work/venv-base/bin/python \
         --base-root /work/wt-base [--threads 1 --warmup 30 --blocks 40 --block 10]
@@ -31,23 +32,23 @@ and backward, and the rollout of ``--rolled-out`` rows) and the time the bare pr
 one thread. ``ab`` runs the worker for the
 checkout at ``--base-root`` (its own interpreter, so its own install) and for this one,
 alternating round by round, each in a fresh process, and prints a Markdown table of steps/s and
-the ratio per thread setting and the stage medians of both sides. ``copies`` times one trainer
-with the scoring forward over the distinct rows only (``HFPolicy.merge_copies``,
+the ratio per thread setting and the stage medians of both sides. ``copies`` times one trainer with
+the scoring forward over the distinct rows only (``HFPolicy.merge_copies``,
 adapters/lm/distinct_rows.py) and over every row, alternating step by step for ``--steps`` steps
-each in one process, at each step of ``--phases`` (the training carried on between phases with
-the copies merged), and prints a Markdown table with the mean distinct rows per phase;
-``--loss`` another loss than the main job's RapTB (a GFlowNet loss with SubM, an RL one as its
-defaults have it). ``decode`` is ``copies`` for the rollout's path: each column in one ONNX
-Runtime call (``HFPolicy.decode`` "onnx", adapters/lm/onnx_rollout.py, the default on the CPU)
-against torch's operations ("eager"), with the rollout's own median milliseconds (its
-``RolloutTimings``) beside the step's; ``sizes`` times one rollout through ONNX and eagerly for
-GPT-2 models of growing size (``SIZES``), the two alternating ``--rounds`` times. ``interleave`` is
-``ab`` without the fresh processes: one worker process per side (``serve``) builds its trainer and
-takes ``--warmup`` steps, then the two take turns at ``--block`` steps for ``--blocks`` turns each,
-the side waiting blocked on its pipe (no CPU), the order alternating turn by turn; it prints each
-side's median ms per step, the ratio of medians and the median and 10th-90th percentiles of the
-ratios of consecutive turns (paired, so the
-machine's drift over minutes, up to 2x here, falls on both sides alike).
+each in one process, at each step of ``--phases`` (the training carried on between phases with the
+copies merged), and prints a Markdown table with the mean distinct rows per phase; ``--loss``
+another loss than the main job's RapTB (a GFlowNet loss with SubM, an RL one as its defaults have
+it), ``--task`` another task than Expr24. ``decode`` is ``copies`` for the rollout's path: each
+column in one ONNX Runtime call (``HFPolicy.decode`` "onnx", adapters/lm/onnx_rollout.py, the
+default on the CPU) against torch's operations ("eager"), with the rollout's own median
+milliseconds (its ``RolloutTimings``) beside the step's; ``sizes`` times one rollout through ONNX
+and eagerly for GPT-2 models of growing size (``SIZES``), the two alternating ``--rounds`` times.
+``interleave`` is ``ab`` without the fresh processes: one worker process per side (``serve``)
+builds its trainer and takes ``--warmup`` steps, then the two take turns at ``--block`` steps for
+``--blocks`` turns each, the side waiting blocked on its pipe (no CPU), the order alternating turn
+by turn; it prints each side's median ms per step, the ratio of medians and the median and
+10th-90th percentiles of the ratios of consecutive turns (paired, so the machine's drift over
+minutes, up to 2x here, falls on both sides alike).
 """
 
 from __future__ import annotations
@@ -532,14 +533,14 @@ def sizes(args: argparse.Namespace) -> None:
 
 def _loss_trainer(args: argparse.Namespace) -> Any:
     """The main job's trainer with ``--loss`` (a GFlowNet objective with SubM, else the RL
-    loss's own defaults), seed ``--seed``, ``--threads``."""
+    loss's own defaults) on ``--task``, seed ``--seed``, ``--threads``."""
     from rich.console import Console
 
     from raptb.app.configuration.config import build_config
     from raptb.app.training.train import Trainer
     from raptb.core.gfn.objectives import OBJECTIVES
 
-    overrides: dict[str, Any] = {"task": "expr24", "loss": args.loss}
+    overrides: dict[str, Any] = {"task": args.task, "loss": args.loss}
     if args.loss in OBJECTIVES:  # a GFlowNet objective: the main job's replay
         overrides["replay.kind"] = "subm"
     cfg = build_config(None, overrides | {"seed": args.seed, "threads": args.threads[0] or None})
@@ -566,6 +567,7 @@ def main() -> None:
     parser.add_argument(
         "--loss", default="raptb", help="copies, decode: the loss (GFlowNet ones with SubM)"
     )
+    parser.add_argument("--task", default="expr24", help="copies, decode: the task")
     args = parser.parse_args()
     if args.mode == "floor":
         for shared in (False, True):

@@ -19,8 +19,10 @@ gives the rows the same choices on both paths, up to a tie within float rounding
 
 ``step`` (every later column): GPT-2's forward of each row's last token ``tokens`` [n] at
 ``positions`` [n] over the keys and values ``past_k{l}``, ``past_v{l}`` [n, H, S, D] of the
-columns before (``raptb.adapters.lm.lean_gpt2.forward``'s function, the same operations in ONNX's
-names), then ``sample`` on its logits; it also returns the keys and values with the new column.
+columns before, ``key_bias`` [n, S + 1] added to every head's scores (0, or -inf on a left-padded
+prompt's pads; the new column's 0) (``raptb.adapters.lm.lean_gpt2.forward``'s function with its
+``key_mask``, the same operations in ONNX's names), then ``sample`` on its logits; it also
+returns the keys and values with the new column.
 
 ``stop_lp`` and ``token_lp`` are computed as ``rollout_record.token_log_probs`` computes them (a
 gathered logit minus the log-normaliser), ``log_norm`` is returned so that the caller can refuse
@@ -211,6 +213,8 @@ def _forward(b: GraphBuilder, shape: ColumnShape) -> str:
     positions = b.input("positions", i64, ["n"])
     for name, dims in weight_shapes(shape).items():
         b.input(name, f32, dims)
+    key_bias = b.input("key_bias", f32, ["n", "s1"])
+    bias = b.one("Unsqueeze", [key_bias, b.constant("head_axes", np.array([1, 2], np.int64))])
     as_heads = b.constant("as_heads", np.array([-1, heads, 1, head], np.int64))
     as_rows = b.constant("as_rows", np.array([-1, c], np.int64))
     thirds = b.constant("thirds", np.array([c, c, c], np.int64))
@@ -236,6 +240,7 @@ def _forward(b: GraphBuilder, shape: ColumnShape) -> str:
         scores = b.one(
             "MatMul", [b.one("Mul", [q, scale]), b.one("Transpose", [keys], perm=[0, 1, 3, 2])]
         )
+        scores = b.one("Add", [scores, bias])  # [n, H, 1, S + 1] + [n, 1, 1, S + 1]
         y = b.one("MatMul", [b.one("Softmax", [scores], axis=-1), values])
         y = b.one("Reshape", [y, as_rows])
         h = b.one("Add", [h, b.one("Gemm", [y, p + "attn.c_proj.weight", p + "attn.c_proj.bias"])])
@@ -305,7 +310,8 @@ def sample_graph(shape: ColumnShape) -> bytes:
 
 def step_graph(shape: ColumnShape) -> bytes:
     """The serialised ``step`` graph (module docstring): the forward's inputs (``tokens``,
-    ``positions``, the weights, ``past_k{l}``, ``past_v{l}``), then ``sample``'s but ``logits``;
+    ``positions``, ``key_bias``, the weights, ``past_k{l}``, ``past_v{l}``), then ``sample``'s but
+    ``logits``;
     outputs ``present_k{l}``, ``present_v{l}`` and ``sample``'s (read them by name)."""
     b = GraphBuilder()
     _sample(b, shape, _forward(b, shape))

@@ -9,6 +9,9 @@ host. The draw is torch.multinomial's (``onnx_graph``), its exponential noise dr
 rollout's generator as multinomial draws it: a seed gives the same rows as the eager path, up to
 a tie within float rounding, and leaves the generator in the same state.
 
+Rows with prompts of different lengths are left-padded together as on the eager path, the pads
+masked out of every column's attention (``key_bias``).
+
 ``usable(model)`` says when it applies (with ``lean_gpt2.supports``), ``preferred(model)`` when
 ``decode = "auto"`` takes it (small models: ``AUTO_MAX_PARAMETERS``); ``"eager"`` keeps the torch
 path, ``"onnx"`` asks for this one wherever it applies.
@@ -130,14 +133,12 @@ def onnx_rollout(
     max_length: int,
     temperature: float | torch.Tensor,
     generator: torch.Generator | None,
-) -> Rollout | None:
-    """``sample_rollout`` on this path (``policy``: ``rollout.RolloutPolicy``), or None where
-    the rows' prompts have different lengths (the graph has no key mask for left pads)."""
+) -> Rollout:
+    """``sample_rollout`` on this path (``policy``: ``rollout.RolloutPolicy``); rows with
+    prompts of different lengths are left-padded together, their pads masked by ``key_bias``."""
     check_rollout_shape(n, min_length, max_length)
     prompt_rows = row_prompt_ids(policy.prompt_ids, prompt, n)
-    if len({len(row) for row in prompt_rows}) > 1:
-        return None
-    policy.check_positions(len(prompt_rows[0]), max_length)
+    policy.check_positions(max(len(row) for row in prompt_rows), max_length)
     start = time.perf_counter()
     model = policy.model
     big_t, num_legal = max_length, len(policy.legal_ids)
@@ -154,9 +155,13 @@ def onnx_rollout(
         feeds: dict[str, np.ndarray] = {
             name: params[name].detach().numpy() for name in weight_names(shape)
         }
-        logits, past, position, _ = lean_gpt2.prompt_logits_and_past(
+        logits, past, position, key_mask = lean_gpt2.prompt_logits_and_past(
             model, prompt_rows, policy.pad_id, policy.device
         )
+        # 0 where a query may look, -inf on the pads; a column's own 0 added as it is computed
+        key_bias = np.zeros((n, past[0][0].shape[2]), dtype=np.float32)
+        if key_mask is not None:
+            key_bias[~key_mask.numpy()] = -np.inf
         first = {"logits": logits.contiguous().numpy()}
         for layer, (keys, values) in enumerate(past):
             feeds[f"past_k{layer}"] = keys.expand(n, -1, -1, -1).contiguous().numpy()
@@ -197,7 +202,8 @@ def onnx_rollout(
         if k == 0:
             out = sample.run(_SAMPLED, {**first, **_sample_feeds(feeds)})
         else:
-            feeds["tokens"], feeds["positions"] = step_tokens, positions
+            key_bias = np.concatenate([key_bias, np.zeros((n, 1), dtype=np.float32)], axis=1)
+            feeds |= {"tokens": step_tokens, "positions": positions, "key_bias": key_bias}
             out = step.run(_SAMPLED + presents, feeds)
             for name, value in zip(presents, out[len(_SAMPLED) :], strict=True):
                 feeds[name.replace("present", "past")] = value

@@ -139,13 +139,10 @@ def sample_rollout(
 
     The policy's ``decode_path`` "static" hands the rollout to ``static_rollout`` (same
     rollouts, static shapes, CUDA graphs on a GPU), "onnx" to ``onnx_rollout`` (the same rollouts
-    up to float rounding, each column in one ONNX Runtime call) unless the rows' prompts have
-    different lengths."""
+    up to float rounding, each column in one ONNX Runtime call)."""
     path = policy.decode_path
     if path == "onnx":
-        rollout = onnx_rollout(policy, prompt, n, min_length, max_length, temperature, generator)
-        if rollout is not None:
-            return rollout
+        return onnx_rollout(policy, prompt, n, min_length, max_length, temperature, generator)
     if path == "static":
         return static_rollout(
             policy,

@@ -5,8 +5,8 @@ the step graph's logits and keys and values; the plain reference loop of
 test_rollout_identity.py (transformers' forward, torch.multinomial) for whole rollouts: the same
 tokens, lengths and texts, the generator left in the same state, the log-probabilities equal up
 to float rounding (the two engines' kernels round differently); the eager path for what it shares
-with this one (weights updated in place, NaN logits refused, the fallback for prompts of different
-lengths).
+with this one (weights updated in place, NaN logits refused, rows with prompts of different
+lengths left-padded together).
 """
 
 from __future__ import annotations
@@ -84,11 +84,14 @@ def test_step_graph_equals_the_lean_forward(activation: str) -> None:
     shape = onnx_rollout.column_shape(model, sub_ids)
     _, step = onnx_rollout.sessions(shape, 1)
     n, generator = 11, torch.Generator().manual_seed(0)
+    # prompts of three lengths, left-padded together: the pads masked by key_bias
+    prompts = [policy.prompt_ids(("Make 24:", "24:", "Make:")[i % 3]) for i in range(n)]
     with torch.no_grad():
-        _, past, position, _ = lean_gpt2.prompt_logits_and_past(
-            model, [policy.prompt_ids(PROMPT)] * n, policy.pad_id, torch.device("cpu")
+        _, past, position, key_mask = lean_gpt2.prompt_logits_and_past(
+            model, prompts, policy.pad_id, torch.device("cpu")
         )
-        past = [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in past]
+        assert key_mask is not None and not bool(key_mask.all())
+        key_bias = np.where(key_mask.numpy(), 0.0, -np.inf).astype(np.float32)
         feeds = {name: model.get_parameter(name).detach().numpy() for name in weight_names(shape)}
         feeds |= {
             "mask": np.ones((n, shape.width), dtype=bool),
@@ -98,10 +101,13 @@ def test_step_graph_equals_the_lean_forward(activation: str) -> None:
         onnx_past = [(k.contiguous().numpy(), v.contiguous().numpy()) for k, v in past]
         for _ in range(4):  # four columns, each over the keys and values of those before
             tokens = torch.randint(0, shape.vocab, (n,), generator=generator)
-            logits, past = lean_gpt2.forward(model, tokens[:, None], position, past)
+            key_mask = torch.cat([key_mask, key_mask.new_ones((n, 1))], dim=1)
+            key_bias = np.concatenate([key_bias, np.zeros((n, 1), np.float32)], axis=1)
+            logits, past = lean_gpt2.forward(model, tokens[:, None], position, past, key_mask)
             for layer, (k, v) in enumerate(onnx_past):
                 feeds[f"past_k{layer}"], feeds[f"past_v{layer}"] = k, v
             feeds["tokens"], feeds["positions"] = tokens.numpy(), position[:, 0].numpy()
+            feeds["key_bias"] = key_bias
             names = ["log_norm", "stop_lp"] + [
                 f"present_{kv}{layer}" for layer in range(shape.n_layer) for kv in "kv"
             ]
@@ -206,11 +212,21 @@ def test_follows_weights_updated_in_place() -> None:
     assert float(diff) < TOLERANCE
 
 
-def test_prompts_of_different_lengths_decode_eagerly() -> None:
-    policy = perturbed_policy(GRAMMAR, seed=8)
-    rollouts = on_both_paths(policy, ["Make 24:", "24:"] * 3, 6, seed=2)
-    assert torch.equal(rollouts["onnx"].tokens, rollouts["eager"].tokens)
-    assert torch.equal(rollouts["onnx"].log_pf, rollouts["eager"].log_pf)  # the same path
+@pytest.mark.parametrize("grammar", [GRAMMAR, None])
+def test_prompts_of_different_lengths_as_the_eager_path(grammar: str | None) -> None:
+    """Rows of prompts of three lengths (left-padded together, as the eager path pads them):
+    the eager path's tokens and generator state, its log-probabilities within float rounding,
+    not the eager path itself (its log-probabilities are not bit for bit the same)."""
+    policy = perturbed_policy(grammar, seed=8)
+    prompts = [("Make 24:", "24:", "Make:")[i % 3] for i in range(24)]
+    rollouts = on_both_paths(policy, prompts, 24, seed=2)
+    onnx, eager = rollouts["onnx"], rollouts["eager"]
+    assert torch.equal(onnx.tokens, eager.tokens)
+    assert torch.equal(onnx.length, eager.length)
+    assert len(set(eager.length.tolist())) > 1
+    assert float((onnx.log_pf - eager.log_pf).abs().max()) < TOLERANCE
+    assert float((onnx.log_pterm - eager.log_pterm).abs().max()) < TOLERANCE
+    assert not torch.equal(onnx.log_pterm, eager.log_pterm)  # two engines' rounding
 
 
 def test_refuses_non_finite_logits_as_multinomial_does() -> None:
