@@ -21,9 +21,11 @@ depends on, so every tokenizer with the same legal texts shares one compilation.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -58,9 +60,26 @@ def packed_width(width: int) -> int:
 
 def unpack_bitmask(bitmask: torch.Tensor, width: int) -> torch.Tensor:
     """Bool [B, width] from a packed int32 bitmask [B, ceil(width / 32)] (bit j % 32 of word
-    j // 32 is token j), on the bitmask's device."""
+    j // 32 is token j), on the bitmask's device.
+
+    On the CPU of a little-endian machine (byte b of a word holds its bits 8b..8b+7) by NumPy's
+    ``unpackbits`` over the words' bytes: one call where torch takes seven operations (in the
+    main job's rollout, 23 against 109 us a column, measured alternating in one trainer)."""
+    if bitmask.device.type == "cpu" and _LITTLE_ENDIAN:
+        packed = np.ascontiguousarray(bitmask.numpy()).view(np.uint8)
+        bits = np.unpackbits(packed, axis=1, count=width, bitorder="little")
+        return torch.from_numpy(bits.view(bool))
+    return _unpack_with_torch(bitmask, width)
+
+
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
+def _unpack_with_torch(bitmask: torch.Tensor, width: int) -> torch.Tensor:
+    """``unpack_bitmask`` by torch's operations, on any device and byte order."""
     bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    return ((bitmask.unsqueeze(-1) >> bits) & 1).reshape(bitmask.shape[0], -1)[:, :width].bool()
+    rows, words = bitmask.shape
+    return ((bitmask.unsqueeze(-1) >> bits) & 1).reshape(rows, 32 * words)[:, :width].bool()
 
 
 class GrammarBatch:
@@ -164,9 +183,12 @@ class GrammarBatch:
         return self._matchers[row].accept_token(sub)
 
     def accept_many(self, rows: Sequence[int], token_ids: Sequence[int]) -> list[bool]:
-        """``accept`` for several rows at once (one call into xgrammar)."""
+        """``accept`` for several rows at once. A loop over the matchers: 1.3-1.7x faster than
+        xgrammar's ``batch_accept_token`` from 8 to 512 rows (one thread; 64 against 97 us for the
+        main job's 34 rows, caches cold as in a training step)."""
         subs = [self._sub_id.get(int(t), -1) for t in token_ids]
         if any(s < 0 for s in subs):
             raise ValueError("token_ids: every token must be in legal_ids")
         self._stale = True
-        return type(self._batch).batch_accept_token([self._matchers[r] for r in rows], subs)
+        matchers = self._matchers
+        return [matchers[r].accept_token(s) for r, s in zip(rows, subs, strict=True)]

@@ -168,3 +168,24 @@ def test_bad_inputs() -> None:
         GrammarBatch(GRAMMAR, legal, texts, 0)
     with pytest.raises(ValueError, match="legal_ids"):
         compile_grammar((), GRAMMAR)
+
+
+@given(st.data())
+@settings(max_examples=60)
+def test_unpack_bitmask_on_random_words(data: st.DataObject) -> None:
+    """Both ways of unpacking (NumPy's on the CPU, torch's elsewhere) against the bits read one
+    by one: bit j % 32 of word j // 32, sign bits and partial last words included."""
+    from raptb.adapters.lm.grammar import _unpack_with_torch
+
+    rows, words = data.draw(st.integers(0, 5)), data.draw(st.integers(1, 4))
+    width = data.draw(st.integers(1, 32 * words))
+    values = data.draw(st.lists(st.integers(-(2**31), 2**31 - 1), min_size=rows * words,
+                                max_size=rows * words))  # fmt: skip
+    packed = torch.tensor(values, dtype=torch.int32).reshape(rows, words)
+    reference = [
+        [bool((values[r * words + j // 32] >> (j % 32)) & 1) for j in range(width)]
+        for r in range(rows)
+    ]
+    for unpacked in (unpack_bitmask(packed, width), _unpack_with_torch(packed, width)):
+        assert unpacked.dtype == torch.bool and tuple(unpacked.shape) == (rows, width)
+        assert unpacked.tolist() == reference
