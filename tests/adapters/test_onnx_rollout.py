@@ -212,6 +212,21 @@ def test_follows_weights_updated_in_place() -> None:
     assert float(diff) < TOLERANCE
 
 
+def test_follows_parameters_given_new_memory() -> None:
+    """A parameter whose ``.data`` is replaced (new memory, as a move or a load by assignment
+    gives it) is read anew: the views of the parameters' memory are kept per memory, not per
+    parameter."""
+    policy = perturbed_policy(GRAMMAR, seed=9)
+    policy.sample(PROMPT, 8, min_length=1, max_length=9)  # the views taken
+    with torch.no_grad():
+        for param in policy.model.parameters():
+            param.data = param.data * 1.5 + 0.01  # new tensors, new memory
+    rollouts = on_both_paths(policy, PROMPT, 24, seed=12)
+    assert torch.equal(rollouts["onnx"].tokens, rollouts["eager"].tokens)
+    diff = (rollouts["onnx"].log_pterm - rollouts["eager"].log_pterm).abs().max()
+    assert float(diff) < TOLERANCE
+
+
 @pytest.mark.parametrize("grammar", [GRAMMAR, None])
 def test_prompts_of_different_lengths_as_the_eager_path(grammar: str | None) -> None:
     """Rows of prompts of three lengths (left-padded together, as the eager path pads them):
