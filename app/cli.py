@@ -17,7 +17,7 @@ from raptb.app.distribution.launch import launch_command
 from raptb.app.errors import run_cli
 from raptb.app.evaluation.bench import subm as bench_subm
 from raptb.app.evaluation.enumerate import enumerate_command
-from raptb.app.evaluation.evaluate import eval_command
+from raptb.app.evaluation.eval_command import eval_command
 from raptb.app.study.command import study_command
 from raptb.app.training.train_command import train_command
 

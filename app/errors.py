@@ -22,8 +22,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from raptb.app.configuration.config import ConfigError
-from raptb.app.distribution.distributed import PeerFailure
 from raptb.app.distribution.launch import hand_to_launcher
+from raptb.app.distribution.peer_failure import PeerFailure
 from raptb.app.reward.calls import RewardFailure
 from raptb.app.run_dir.checkpoint import CheckpointError
 from raptb.app.run_dir.resume import RunMismatch

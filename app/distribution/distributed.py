@@ -58,6 +58,7 @@ import torch
 import torch.distributed as dist
 
 from raptb.app.configuration.sections import DistributedConfig
+from raptb.app.distribution.peer_failure import PeerFailure
 from raptb.app.distribution.sharding import ShardingPlan, is_sharded, plan_from_accelerate
 
 T = TypeVar("T")
@@ -72,10 +73,6 @@ DEEPSPEED_REFUSED = (
 )
 _ENTERED = itertools.count(1)  # collectives this process has entered
 _ENTERED_KEY = "raptb/entered/{rank}"
-
-
-class PeerFailure(RuntimeError):
-    """A collective failed: another process died, stopped or did not answer in time."""
 
 
 @dataclass(frozen=True)

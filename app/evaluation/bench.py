@@ -30,7 +30,6 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from raptb.app.evaluation.plots import plot_subm_scaling
 from raptb.core.subm.select import QuantisedSimilarity, subm_select
 from raptb.core.subm.similarity import ShingleJaccardSimilarity, TanimotoSimilarity, pack_bits
 from raptb.core.subm.similarity_cache import SimilarityCache
@@ -236,6 +235,8 @@ def subm(
         )
     result = {"machine": platform.processor() or platform.machine(), "records": records}
     if plot is not None:
+        from raptb.app.evaluation.plots import plot_subm_scaling  # matplotlib: only when asked
+
         plot_subm_scaling(records, plot)
     if as_json:
         typer.echo(json.dumps(result, indent=2))

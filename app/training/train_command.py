@@ -24,19 +24,12 @@ from rich.markup import escape
 from raptb.adapters.tasks.registry import task_names, task_spec
 from raptb.app.configuration.config import ConfigError, TrainConfig, build_config
 from raptb.app.configuration.reference import config_fields, default_text, field_at
-from raptb.app.distribution.distributed import (
-    DistContext,
-    dist_rank,
-    launched_world_size,
-    leave_process_group,
-    per_rank_batch,
-)
 from raptb.app.distribution.launch import hand_to_launcher, record_outcome
 from raptb.app.run_dir.checkpoint import list_checkpoints, remove_stale_temporaries
 from raptb.app.run_dir.resume import claim_new_run, resumed_config
 from raptb.app.run_dir.run_config import CONFIG_FILE
 from raptb.app.run_dir.run_lock import RunLocked, run_lock
-from raptb.app.training.train import Trainer, TrainingError
+from raptb.app.training.training_error import TrainingError
 
 _err = Console(stderr=True)
 EXIT_TERMINATED = 128 + signal.SIGTERM
@@ -51,6 +44,8 @@ def _fail(message: str) -> typer.Exit:
     raptb launch every rank leaves it to the launcher, which prints the first failed rank's (a
     rank that exits first gets the others stopped, perhaps before rank 0 could print); else rank
     0 prints it."""
+    from raptb.app.distribution.distributed import dist_rank
+
     if not hand_to_launcher(message) and dist_rank() == 0:
         _err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code=2)
@@ -243,6 +238,16 @@ def train_command(
     except ConfigError as exc:
         raise _fail(str(exc)) from None
     run_dir = out or Path("runs") / f"{cfg.task}-{cfg.loss}-{cfg.replay.kind}-s{cfg.seed}"
+    # what the command runs (torch, the model) is imported now, not when the command line is
+    # built: ``raptb --help`` stays light
+    from raptb.app.distribution.distributed import (
+        DistContext,
+        launched_world_size,
+        leave_process_group,
+        per_rank_batch,
+    )
+    from raptb.app.training.train import Trainer
+
     try:
         # refused before the process group starts: every rank exits at once with one line
         per_rank_batch(cfg.optim.batch_size, launched_world_size())

@@ -11,7 +11,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from raptb.core.metrics._arrays import as_floats
 
@@ -25,6 +24,8 @@ def student_t_quantile(probability: float, df: float) -> float:
         raise ValueError(f"probability must be in (0, 1), got {probability}")
     if not df > 0:
         raise ValueError(f"df must be > 0, got {df}")
+    from scipy import stats  # a second to import: only when an interval is computed
+
     return float(stats.t.ppf(probability, df))
 
 

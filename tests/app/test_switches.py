@@ -19,6 +19,7 @@ from raptb.app.configuration.config import ConfigError, TrainConfig, build_confi
 from raptb.app.reward.prefix import PrefixScorer
 from raptb.app.reward.schedule import RewardSchedule
 from raptb.app.task_and_policy import build_policy
+from raptb.app.training import train as train_module
 from raptb.app.training import train_command
 from raptb.app.training.gflownet.replay_items import new_items
 from raptb.app.training.step import reward, sample_trajectories
@@ -84,7 +85,8 @@ def seen(monkeypatch) -> list[TrainConfig]:
         def train(self):
             return TrainResult(self.run_dir, 0, interrupted=False, checkpoint=None)
 
-    monkeypatch.setattr(train_command, "Trainer", Recorder)
+    # the command imports the trainer when it runs: patched where it is imported from
+    monkeypatch.setattr(train_module, "Trainer", Recorder)
     return configs
 
 
