@@ -58,6 +58,9 @@ def packed_width(width: int) -> int:
     return (width + 31) // 32
 
 
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
 def unpack_bitmask(bitmask: torch.Tensor, width: int) -> torch.Tensor:
     """Bool [B, width] from a packed int32 bitmask [B, ceil(width / 32)] (bit j % 32 of word
     j // 32 is token j), on the bitmask's device.
@@ -70,9 +73,6 @@ def unpack_bitmask(bitmask: torch.Tensor, width: int) -> torch.Tensor:
         bits = np.unpackbits(packed, axis=1, count=width, bitorder="little")
         return torch.from_numpy(bits.view(bool))
     return _unpack_with_torch(bitmask, width)
-
-
-_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 def _unpack_with_torch(bitmask: torch.Tensor, width: int) -> torch.Tensor:

@@ -172,23 +172,17 @@ class GraphBuilder:
         self.count += 1
         return self.constant(f"const_{self.count}", np.asarray(value))
 
-    def input(self, name: str, dtype: int, dims: Sequence[int | str] | None) -> str:
-        """A graph input (``dims`` None: of any shape)."""
+    def input(self, name: str, dtype: int, dims: Sequence[int | str]) -> str:
         from onnx import helper
 
-        self.inputs.append(
-            helper.make_tensor_value_info(name, dtype, None if dims is None else list(dims))
-        )
+        self.inputs.append(helper.make_tensor_value_info(name, dtype, list(dims)))
         return name
 
-    def output(self, source: str, name: str, dtype: int, dims: Sequence[int | str] | None) -> None:
-        """A graph output (``dims`` None: of any shape)."""
+    def output(self, source: str, name: str, dtype: int, dims: Sequence[int | str]) -> None:
         from onnx import helper
 
         self.nodes.append(helper.make_node("Identity", [source], [name]))
-        self.outputs.append(
-            helper.make_tensor_value_info(name, dtype, None if dims is None else list(dims))
-        )
+        self.outputs.append(helper.make_tensor_value_info(name, dtype, list(dims)))
 
     def model(self, name: str) -> bytes:
         import onnx
