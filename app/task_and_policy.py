@@ -67,7 +67,8 @@ def build_policy(
             load_adapter_weights(model, adapter)
     elif adapter is not None:
         raise ValueError("adapter: loading adapter weights needs lora.rank")
-    stop_id = _stop_id(tokenizer, TaskCapabilities.of(task).stop)
+    capabilities = TaskCapabilities.of(task)
+    stop_id = _stop_id(tokenizer, capabilities.stop)
     legal = legal_token_ids(tokenizer, task.alphabet, stop_id=stop_id)
     return HFPolicy(
         model,
@@ -75,6 +76,7 @@ def build_policy(
         legal_ids=legal,
         stop_id=stop_id,
         grammar=task.grammar,
+        automaton=capabilities.automaton,
         grammar_threads=default_grammar_threads(device),
         decode=decode,
     )

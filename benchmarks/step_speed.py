@@ -443,35 +443,44 @@ def copies(args: argparse.Namespace) -> None:
     print(f"\ntorch threads {torch.get_num_threads()}, seed {args.seed}")
 
 
-def decode(args: argparse.Namespace) -> None:
-    """The rollout through ONNX Runtime against torch's eager loop, alternating in one trainer."""
+def _rollout_sides(
+    args: argparse.Namespace,
+    trainer: Any,
+    sides: tuple[str, str],
+    choose: Callable[[str], None],
+    timing: str,
+) -> None:
+    """Steps alternating between ``sides`` (``choose(side)`` switches) from each of ``--phases``,
+    printed as a table with each side's median ``timing`` (a ``RolloutTimings`` field) of its
+    rollouts beside its step times."""
     from raptb.adapters.lm import rollout as rollout_module
 
-    trainer = _loss_trainer(args)
-    sides = ("onnx", "eager")
-    # each side's rollout milliseconds (RolloutTimings), from the first timed step
+    current = [sides[0]]
+    # each side's rollout milliseconds, from the first timed step
     rollouts: dict[str, list[float]] = {side: [] for side in sides}
 
     def on_start() -> None:
         for times in rollouts.values():
             times.clear()
 
-    def choose(side: str) -> None:
-        trainer.policy.decode = side
+    def switch(side: str) -> None:
+        current[0] = side
+        choose(side)
 
     def timed(*call: Any, **kwargs: Any) -> Any:
         rollout = rollout_module.sample_rollout(trainer.policy, *call, **kwargs)
-        rollouts[trainer.policy.decode].append(1000 * rollout.timings.total_s)
+        rollouts[current[0]].append(1000 * getattr(rollout.timings, timing))
         return rollout
 
     trainer.policy.sample = timed
+    first, second = sides
     print(
-        "| from step | rollout ms, onnx (median) | rollout ms, eager (median) | ratio | "
-        "ms/step, onnx (median; mean) | ms/step, eager (median; mean) | ratio of medians |"
+        f"| from step | {timing} ms, {first} (median) | {timing} ms, {second} (median) | ratio | "
+        f"ms/step, {first} (median; mean) | ms/step, {second} (median; mean) | ratio of medians |"
     )
     print("|---:|---:|---:|---:|---|---|---:|")
     for phase in args.phases:
-        start, times = _alternating(trainer, phase, args.steps, sides, choose, on_start)
+        start, times = _alternating(trainer, phase, args.steps, sides, switch, on_start)
         roll = [statistics.median(rollouts[side]) for side in sides]
         medians = [statistics.median(times[side]) for side in sides]
         means = [statistics.mean(times[side]) for side in sides]
@@ -481,6 +490,30 @@ def decode(args: argparse.Namespace) -> None:
             f"{medians[1] / medians[0]:.3f}x |",
             flush=True,
         )
+
+
+def decode(args: argparse.Namespace) -> None:
+    """The rollout through ONNX Runtime against torch's eager loop, alternating in one trainer."""
+    trainer = _loss_trainer(args)
+
+    def choose(side: str) -> None:
+        trainer.policy.decode = side
+
+    _rollout_sides(args, trainer, ("onnx", "eager"), choose, "total_s")
+
+
+def grammar(args: argparse.Namespace) -> None:
+    """The rollout's masks from the task's automaton table against xgrammar's matchers,
+    alternating in one trainer."""
+    trainer = _loss_trainer(args)
+    automaton = trainer.policy.automaton
+    if automaton is None:
+        raise SystemExit(f"task {args.task!r} declares no automaton")
+
+    def choose(side: str) -> None:
+        trainer.policy.automaton = automaton if side == "table" else None
+
+    _rollout_sides(args, trainer, ("table", "matchers"), choose, "grammar_s")
 
 
 SIZES = ((64, 2, None), (128, 4, None), (256, 6, None), (512, 8, None), (256, 6, 50257))
@@ -550,7 +583,8 @@ def _loss_trainer(args: argparse.Namespace) -> Any:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    modes = ["profile", "ab", "floor", "copies", "decode", "sizes", "interleave", "serve"]
+    modes = ["profile", "ab", "floor", "copies", "decode", "grammar", "sizes", "interleave"]
+    modes.append("serve")
     parser.add_argument("mode", choices=modes)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
@@ -577,6 +611,8 @@ def main() -> None:
         copies(args)
     elif args.mode == "decode":
         decode(args)
+    elif args.mode == "grammar":
+        grammar(args)
     elif args.mode == "sizes":
         sizes(args)
     elif args.mode == "serve":

@@ -13,6 +13,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from raptb.core.char_automaton import CharAutomaton
+
 
 @dataclass(frozen=True)
 class Score:
@@ -62,6 +64,9 @@ class Task(Protocol):
       every prefix is scored by ``score``.
     - ``score_batch(prompt, texts) -> list[Score]``: ``score`` of many finished texts at once
       (one per text, in order), for a reward that is much faster batched (AMP's oracle).
+    - ``automaton``: the grammar as a ``core.char_automaton.CharAutomaton`` accepting the same
+      sentences with the same viable prefixes, for a regular grammar (Expr24); rollouts then
+      read their masks from its table instead of running the EBNF's parser per row.
     """
 
     name: str
@@ -94,6 +99,7 @@ class TaskCapabilities:
     prefix_score: ScoreFn | None
     score_batch: Callable[[str, list[str]], Sequence[Score]] | None
     item_features: Callable[[str, str], Any] | None
+    automaton: CharAutomaton | None = None
 
     @classmethod
     def of(cls, task: Task) -> TaskCapabilities:
@@ -110,6 +116,7 @@ class TaskCapabilities:
             prefix_score=method("prefix_score"),
             score_batch=method("score_batch"),
             item_features=method("item_features"),
+            automaton=getattr(task, "automaton", None),
         )
 
 

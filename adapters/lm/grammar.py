@@ -82,7 +82,57 @@ def _unpack_with_torch(bitmask: torch.Tensor, width: int) -> torch.Tensor:
     return ((bitmask.unsqueeze(-1) >> bits) & 1).reshape(rows, 32 * words)[:, :width].bool()
 
 
-class GrammarBatch:
+class RowMasks:
+    """Reads of a batch's next-token masks (``next_mask()``, bool [B, L + 1], and ``num_legal``,
+    L), shared by the matchers' batch and the automaton table's (adapters.lm.table_grammar)."""
+
+    num_legal: int
+
+    def _set_rows(self, legal_ids: Sequence[int], batch_size: int, pin_memory: bool) -> None:
+        """The legal tokens' sub-ids and the packed mask buffer of ``batch_size`` rows."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
+        self.legal_ids = [int(i) for i in legal_ids]
+        self.num_legal = len(self.legal_ids)
+        self._sub_id = {full: sub for sub, full in enumerate(self.legal_ids)}
+        # all bits set, as xgrammar allocates it: a row never filled allows everything
+        self._bitmask = torch.full(
+            (batch_size, packed_width(self.num_legal + 1)),
+            -1,
+            dtype=torch.int32,
+            pin_memory=pin_memory,
+        )
+
+    def next_mask(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _accept_sub(self, row: int, sub: int) -> bool:
+        raise NotImplementedError
+
+    def accept(self, row: int, token_id: int) -> bool:
+        """Advance row ``row`` by the full-vocabulary token ``token_id``; False if rejected (the
+        row's state is then unchanged, and a token outside the legal list is always rejected)."""
+        sub = self._sub_id.get(int(token_id))
+        return False if sub is None else self._accept_sub(row, sub)
+
+    def allowed_mask(self) -> torch.Tensor:
+        """Bool [B, L]: legal token j may follow each row's text and keep it a grammar prefix."""
+        return self.next_mask()[:, : self.num_legal]
+
+    def stop_mask(self) -> torch.Tensor:
+        """Bool [B]: each row's text is a complete sentence of the grammar."""
+        return self.next_mask()[:, self.num_legal]
+
+    def allowed(self, row: int) -> torch.Tensor:
+        """Bool [L] mask of the legal tokens that may follow row ``row``'s text."""
+        return self.allowed_mask()[row]
+
+    def can_stop(self, row: int) -> bool:
+        """Whether row ``row``'s text is a complete sentence of the grammar."""
+        return bool(self.stop_mask()[row])
+
+
+class GrammarBatch(RowMasks):
     """B grammar matchers over the legal sub-vocabulary, one per rollout row.
 
     legal_ids: full-vocabulary ids of the L legal tokens; texts: their in-context texts.
@@ -103,23 +153,12 @@ class GrammarBatch:
             raise ValueError(
                 f"texts: expected one text per legal id ({len(legal_ids)}), got {len(texts)}"
             )
-        if batch_size < 1:
-            raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
-        self.legal_ids = [int(i) for i in legal_ids]
-        self.num_legal = len(self.legal_ids)
-        self._sub_id = {full: sub for sub, full in enumerate(self.legal_ids)}
+        self._set_rows(legal_ids, batch_size, pin_memory)
         compiled = compile_grammar(tuple(texts), grammar)
         import xgrammar as xgr
 
         self._matchers = [xgr.GrammarMatcher(compiled) for _ in range(batch_size)]
         self._batch = xgr.BatchGrammarMatcher(max_threads)
-        # all bits set, as xgrammar allocates it: a row never filled allows everything
-        self._bitmask = torch.full(
-            (batch_size, packed_width(self.num_legal + 1)),
-            -1,
-            dtype=torch.int32,
-            pin_memory=pin_memory,
-        )
         self._stale = True
 
     @property
@@ -157,28 +196,7 @@ class GrammarBatch:
             self._batch.batch_fill_next_token_bitmask(matchers, self._bitmask, list(rows))
         return self._bitmask
 
-    def allowed_mask(self) -> torch.Tensor:
-        """Bool [B, L]: legal token j may follow each row's text and keep it a grammar prefix."""
-        return self.next_mask()[:, : self.num_legal]
-
-    def stop_mask(self) -> torch.Tensor:
-        """Bool [B]: each row's text is a complete sentence of the grammar."""
-        return self.next_mask()[:, self.num_legal]
-
-    def allowed(self, row: int) -> torch.Tensor:
-        """Bool [L] mask of the legal tokens that may follow row ``row``'s text."""
-        return self.allowed_mask()[row]
-
-    def can_stop(self, row: int) -> bool:
-        """Whether row ``row``'s text is a complete sentence of the grammar."""
-        return bool(self.stop_mask()[row])
-
-    def accept(self, row: int, token_id: int) -> bool:
-        """Advance row ``row`` by the full-vocabulary token ``token_id``; False if rejected (the
-        row's state is then unchanged, and a token outside the legal list is always rejected)."""
-        sub = self._sub_id.get(int(token_id))
-        if sub is None:
-            return False
+    def _accept_sub(self, row: int, sub: int) -> bool:
         self._stale = True
         return self._matchers[row].accept_token(sub)
 

@@ -28,7 +28,6 @@ import numpy as np
 import torch
 
 from raptb.adapters.lm import lean_gpt2
-from raptb.adapters.lm.grammar import unpack_bitmask
 from raptb.adapters.lm.onnx_graph import (
     ACTIVATIONS,
     ColumnShape,
@@ -185,10 +184,11 @@ def onnx_rollout(
         if grammar is None or k == big_t:  # (the last column only reads the stop's)
             mask = np.ones((n, num_legal + 1), dtype=bool)
         else:
-            mask = unpack_bitmask(grammar.next_bitmask(), num_legal + 1).numpy()
+            mask = grammar.next_mask().numpy()
         grammar_s += time.perf_counter() - tic
         # a finished row may only stop; below min_length no row may stop, and a dead end stops
-        mask &= active[:, None]
+        # (a new array: the grammar's mask is its own buffer)
+        mask = mask & active[:, None]
         if k < min_length:
             mask[:, num_legal] = False
         mask[:, num_legal] |= ~mask.any(axis=1)

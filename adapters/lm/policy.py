@@ -44,7 +44,9 @@ from raptb.adapters.lm.rollout import sample_rollout, token_log_probs
 from raptb.adapters.lm.rollout_record import softmax_entropy
 from raptb.adapters.lm.row_prompts import left_padded, row_prompt_ids
 from raptb.adapters.lm.static_decoder import StaticDecoders
+from raptb.adapters.lm.table_grammar import TableGrammarBatch
 from raptb.adapters.lm.tokens import token_texts
+from raptb.core.char_automaton import CharAutomaton, token_table
 from raptb.core.gfn.batch import PrefixBatch
 
 PROMPT_IDS_KEPT = 65_536
@@ -65,6 +67,9 @@ class HFPolicy:
         ``raptb.adapters.lm.tokens.legal_token_ids``); must not contain ``stop_id``.
     stop_id: the id of the stop action.
     grammar: EBNF (xgrammar dialect) the generated text must follow, or None.
+    automaton: the grammar as an automaton over characters (core.char_automaton), or None:
+        with it, rollouts read their masks from its table (adapters.lm.table_grammar) instead of
+        running xgrammar's matcher per row; the same masks. Only read with a grammar.
     grammar_threads: threads xgrammar fills the B rows' masks with; more pay off only when the
         model step is fast (a GPU) and the legal vocabulary is large.
     decode: how ``sample`` decodes: ``"eager"`` (``raptb.adapters.lm.rollout``), ``"static"``
@@ -83,6 +88,7 @@ class HFPolicy:
         legal_ids: Sequence[int],
         stop_id: int,
         grammar: str | None = None,
+        automaton: CharAutomaton | None = None,
         grammar_threads: int = 1,
         decode: DecodeMode = "auto",
     ) -> None:
@@ -103,6 +109,7 @@ class HFPolicy:
         self.legal_ids = legal
         self.stop_id = int(stop_id)
         self.grammar = grammar
+        self.automaton = automaton
         if grammar_threads < 1:
             raise ValueError(f"grammar_threads: must be >= 1, got {grammar_threads}")
         self.grammar_threads = int(grammar_threads)
@@ -114,7 +121,7 @@ class HFPolicy:
         self.pad_id = self.stop_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
         self.texts = token_texts(tokenizer, legal)
         self._sub_of = {full: sub for sub, full in enumerate(legal)}
-        self._grammars: dict[int, GrammarBatch] = {}
+        self._grammars: dict[tuple[int, bool], GrammarBatch | TableGrammarBatch] = {}
         self._frozen_copy: PreTrainedModel | None = None
         self._prompt_ids: dict[str, list[int]] = {}
         self._lean_support: weakref.WeakKeyDictionary[torch.nn.Module, bool] = (
@@ -151,20 +158,29 @@ class HFPolicy:
         )
         return resolve_decode(self.decode, self.device, sharded=sharded, onnx=onnx)
 
-    def grammar_batch(self, n: int) -> GrammarBatch | None:
-        """The grammar matchers of ``n`` rows (built once per ``n``), or None without a grammar."""
+    def grammar_batch(self, n: int) -> GrammarBatch | TableGrammarBatch | None:
+        """The grammar's state for ``n`` rows (built once per ``n``): the automaton's table where
+        there is one, else xgrammar's matchers; None without a grammar."""
         if self.grammar is None:
             return None
-        if n not in self._grammars:
-            self._grammars[n] = GrammarBatch(
-                self.grammar,
-                self.legal_ids,
-                self.texts,
-                n,
-                max_threads=self.grammar_threads,
-                pin_memory=self.device.type == "cuda",
+        key = (n, self.automaton is not None)
+        if key not in self._grammars:
+            pinned = self.device.type == "cuda"
+            self._grammars[key] = (
+                TableGrammarBatch(
+                    token_table(self.automaton, self.texts), self.legal_ids, n, pin_memory=pinned
+                )
+                if self.automaton is not None
+                else GrammarBatch(
+                    self.grammar,
+                    self.legal_ids,
+                    self.texts,
+                    n,
+                    max_threads=self.grammar_threads,
+                    pin_memory=pinned,
+                )
             )
-        return self._grammars[n]
+        return self._grammars[key]
 
     def row_text(self, row: Sequence[int]) -> str:
         """The text of generated (legal) ids ``row``: the concatenated in-context token texts."""

@@ -124,6 +124,36 @@ def expr24_grammar(min_length: int = 3, max_length: int = 9) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Expr24Automaton:
+    """``expr24_grammar``'s language as an automaton over characters (core.char_automaton): the
+    state is the number of characters read. A digit may follow an even count, an operator an odd
+    one, each only while a sentence of an allowed length (the odd lengths in
+    ``min_length..max_length``) can still be completed; the odd counts in that range accept."""
+
+    min_length: int = 3
+    max_length: int = 9
+    start: int = 0
+
+    def __post_init__(self) -> None:
+        check_length_bounds(self.min_length, self.max_length)
+
+    @property
+    def longest(self) -> int:
+        """The longest allowed length: the largest odd number <= max_length."""
+        return self.max_length if self.max_length % 2 else self.max_length - 1
+
+    def step(self, state: int, char: str) -> int | None:
+        if state % 2 == 0 and char in DIGITS and state + 1 <= self.longest:
+            return state + 1
+        if state % 2 == 1 and char in OPERATORS and state + 2 <= self.longest:
+            return state + 1
+        return None
+
+    def accepting(self, state: int) -> bool:
+        return state % 2 == 1 and self.min_length <= state <= self.max_length
+
+
 @dataclass
 class Expr24Task:
     """The Expr24 task (implements :class:`raptb.core.ports.Task`).
@@ -144,6 +174,12 @@ class Expr24Task:
     def __post_init__(self) -> None:
         check_length_bounds(self.min_length, self.max_length)
         self.grammar = expr24_grammar(self.min_length, self.max_length)
+
+    @property
+    def automaton(self) -> Expr24Automaton:
+        """The grammar as an automaton over characters: rollouts read their masks from its table
+        (core.char_automaton) instead of running xgrammar's parser per row."""
+        return Expr24Automaton(self.min_length, self.max_length)
 
     def prompts(self) -> list[str]:
         """The single conditioning prompt."""
