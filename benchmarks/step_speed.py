@@ -516,6 +516,17 @@ def grammar(args: argparse.Namespace) -> None:
     _rollout_sides(args, trainer, ("table", "matchers"), choose, "grammar_s")
 
 
+def one_call(args: argparse.Namespace) -> None:
+    """The rollout in one ONNX Runtime call (the grammar's table in its loop) against a call per
+    column, alternating in one trainer."""
+    trainer = _loss_trainer(args)
+
+    def choose(side: str) -> None:
+        trainer.policy.one_call = side == "one call"
+
+    _rollout_sides(args, trainer, ("one call", "per column"), choose, "total_s")
+
+
 SIZES = ((64, 2, None), (128, 4, None), (256, 6, None), (512, 8, None), (256, 6, 50257))
 """``sizes``' GPT-2 shapes: width, layers, vocabulary (None: the embedded model's characters)."""
 
@@ -583,8 +594,8 @@ def _loss_trainer(args: argparse.Namespace) -> Any:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    modes = ["profile", "ab", "floor", "copies", "decode", "grammar", "sizes", "interleave"]
-    modes.append("serve")
+    modes = ["profile", "ab", "floor", "copies", "decode", "grammar", "one-call", "sizes"]
+    modes += ["interleave", "serve"]
     parser.add_argument("mode", choices=modes)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
@@ -613,6 +624,8 @@ def main() -> None:
         decode(args)
     elif args.mode == "grammar":
         grammar(args)
+    elif args.mode == "one-call":
+        one_call(args)
     elif args.mode == "sizes":
         sizes(args)
     elif args.mode == "serve":

@@ -1,8 +1,9 @@
-"""The rollout's column as an ONNX graph: GPT-2's one-token forward and the behaviour's draw.
+"""The rollout as ONNX graphs: GPT-2's one-token forward and the behaviour's draw, one column
+or all of them.
 
 For the embedded model (2 blocks, width 64) a rollout column is about 60 torch operations of the
 forward and 20 of the sampling, each 2-20 us of dispatch on a CPU core for microseconds of
-arithmetic; ONNX Runtime runs the same graph from C++ in one call. Two graphs, built from the
+arithmetic; ONNX Runtime runs the same graph from C++ in one call. Three graphs, built from the
 model's configuration only (its weights are inputs, bound to the parameters' memory at each
 rollout, so the graph follows the optimizer's in-place updates):
 
@@ -23,6 +24,10 @@ columns before, ``key_bias`` [n, S + 1] added to every head's scores (0, or -inf
 prompt's pads; the new column's 0) (``raptb.adapters.lm.lean_gpt2.forward``'s function with its
 ``key_mask``, the same operations in ONNX's names), then ``sample`` on its logits; it also
 returns the keys and values with the new column.
+
+``rollout`` (``rollout_graph``): every column after the prompt in one ONNX ``Loop`` of
+``sample``'s draw and ``step``'s forward, each row's mask read from a grammar automaton's table
+by its state.
 
 ``stop_lp`` and ``token_lp`` are computed as ``rollout_record.token_log_probs`` computes them (a
 gathered logit minus the log-normaliser), ``log_norm`` is returned so that the caller can refuse
@@ -149,12 +154,15 @@ class GraphBuilder:
     inputs: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
     count: int = 0
+    prefix: str = ""
+    """Before every intermediate's and constant's name: a loop body's names apart from its outer
+    graph's, which it reads."""
 
     def op(self, kind: str, inputs: Sequence[str], outputs: int = 1, **attributes) -> list[str]:
         from onnx import helper
 
         self.count += 1
-        names = [f"{kind.lower()}_{self.count}_{i}" for i in range(outputs)]
+        names = [f"{self.prefix}{kind.lower()}_{self.count}_{i}" for i in range(outputs)]
         self.nodes.append(helper.make_node(kind, list(inputs), names, **attributes))
         return names
 
@@ -164,6 +172,7 @@ class GraphBuilder:
     def constant(self, name: str, value: np.ndarray) -> str:
         from onnx import numpy_helper
 
+        name = self.prefix + name
         self.constants.append(numpy_helper.from_array(value, name))
         return name
 
@@ -184,30 +193,37 @@ class GraphBuilder:
         self.nodes.append(helper.make_node("Identity", [source], [name]))
         self.outputs.append(helper.make_tensor_value_info(name, dtype, list(dims)))
 
+    def graph(self, name: str):
+        """The ``onnx.GraphProto`` (a loop's body, or a model's graph)."""
+        from onnx import helper
+
+        return helper.make_graph(self.nodes, name, self.inputs, self.outputs, self.constants)
+
     def model(self, name: str) -> bytes:
         import onnx
         from onnx import helper
 
-        graph = helper.make_graph(self.nodes, name, self.inputs, self.outputs, self.constants)
+        graph = self.graph(name)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
         model.ir_version = 9  # opset 20's: what ONNX Runtime 1.17 onwards reads
         onnx.checker.check_model(model)
         return model.SerializeToString()
 
 
-def _forward(b: GraphBuilder, shape: ColumnShape) -> str:
-    """GPT-2's one-token forward: the logits [n, V]; declares its inputs and the new keys and
-    values as outputs ``present_k{l}``, ``present_v{l}``."""
-    from onnx import TensorProto
-
-    f32, i64 = TensorProto.FLOAT, TensorProto.INT64
+def _column(
+    b: GraphBuilder,
+    shape: ColumnShape,
+    tokens: str,
+    positions: str,
+    key_bias: str,
+    past: Sequence[tuple[str, str]],
+) -> tuple[str, list[tuple[str, str]]]:
+    """GPT-2's forward of each row's last token ``tokens`` [n] at ``positions`` [n] over each
+    layer's keys and values ``past`` [n, H, S, D], ``key_bias`` [n, S + 1] added to every head's
+    scores (the weights read by name): the logits [n, V] and each layer's keys and values with
+    the new column."""
     c, heads = shape.n_embd, shape.n_head
     head = c // heads
-    tokens = b.input("tokens", i64, ["n"])
-    positions = b.input("positions", i64, ["n"])
-    for name, dims in weight_shapes(shape).items():
-        b.input(name, f32, dims)
-    key_bias = b.input("key_bias", f32, ["n", "s1"])
     bias = b.one("Unsqueeze", [key_bias, b.constant("head_axes", np.array([1, 2], np.int64))])
     as_heads = b.constant("as_heads", np.array([-1, heads, 1, head], np.int64))
     as_rows = b.constant("as_rows", np.array([-1, c], np.int64))
@@ -220,17 +236,15 @@ def _forward(b: GraphBuilder, shape: ColumnShape) -> str:
             b.one("Gather", ["transformer.wpe.weight", positions]),
         ],
     )
-    for layer in range(shape.n_layer):
+    presents = []
+    for layer, (past_k, past_v) in enumerate(past):
         p = f"transformer.h.{layer}."
         x = b.one("LayerNormalization", [h, p + "ln_1.weight", p + "ln_1.bias"], epsilon=shape.eps)
         qkv = b.one("Gemm", [x, p + "attn.c_attn.weight", p + "attn.c_attn.bias"])
         q, k, v = (b.one("Reshape", [t, as_heads]) for t in b.op("Split", [qkv, thirds], 3, axis=1))
-        past_k = b.input(f"past_k{layer}", f32, ["n", heads, "s", head])
-        past_v = b.input(f"past_v{layer}", f32, ["n", heads, "s", head])
         keys = b.one("Concat", [past_k, k], axis=2)
         values = b.one("Concat", [past_v, v], axis=2)
-        b.output(keys, f"present_k{layer}", f32, ["n", heads, "s1", head])
-        b.output(values, f"present_v{layer}", f32, ["n", heads, "s1", head])
+        presents.append((keys, values))
         scores = b.one(
             "MatMul", [b.one("Mul", [q, scale]), b.one("Transpose", [keys], perm=[0, 1, 3, 2])]
         )
@@ -248,7 +262,34 @@ def _forward(b: GraphBuilder, shape: ColumnShape) -> str:
         [h, "transformer.ln_f.weight", "transformer.ln_f.bias"],
         epsilon=shape.eps,
     )
-    return b.one("Gemm", [x, "lm_head.weight"], transB=1)
+    return b.one("Gemm", [x, "lm_head.weight"], transB=1), presents
+
+
+def _forward(b: GraphBuilder, shape: ColumnShape) -> str:
+    """``_column`` with its inputs declared (``tokens``, ``positions``, the weights,
+    ``key_bias``, ``past_k{l}``, ``past_v{l}``) and the new keys and values as outputs
+    ``present_k{l}``, ``present_v{l}``: the logits [n, V]."""
+    from onnx import TensorProto
+
+    f32, i64 = TensorProto.FLOAT, TensorProto.INT64
+    heads, head = shape.n_head, shape.n_embd // shape.n_head
+    tokens = b.input("tokens", i64, ["n"])
+    positions = b.input("positions", i64, ["n"])
+    for name, dims in weight_shapes(shape).items():
+        b.input(name, f32, dims)
+    key_bias = b.input("key_bias", f32, ["n", "s1"])
+    past = [
+        (
+            b.input(f"past_k{layer}", f32, ["n", heads, "s", head]),
+            b.input(f"past_v{layer}", f32, ["n", heads, "s", head]),
+        )
+        for layer in range(shape.n_layer)
+    ]
+    logits, presents = _column(b, shape, tokens, positions, key_bias, past)
+    for layer, (keys, values) in enumerate(presents):
+        b.output(keys, f"present_k{layer}", f32, ["n", heads, "s1", head])
+        b.output(values, f"present_v{layer}", f32, ["n", heads, "s1", head])
+    return logits
 
 
 def activation(b: GraphBuilder, kind: str, x: str) -> str:
@@ -265,15 +306,11 @@ def activation(b: GraphBuilder, kind: str, x: str) -> str:
     )
 
 
-def _sample(b: GraphBuilder, shape: ColumnShape, logits: str) -> None:
-    """The behaviour's draw and the log-probabilities (module docstring) on ``logits`` [n, V]."""
-    from onnx import TensorProto
-
-    f32, i64 = TensorProto.FLOAT, TensorProto.INT64
-    k = shape.width
-    mask = b.input("mask", TensorProto.BOOL, ["n", k])
-    temperature = b.input("temperature", f32, ["n", 1])
-    noise = b.input("noise", f32, ["n", k])
+def _draw(
+    b: GraphBuilder, shape: ColumnShape, logits: str, mask: str, temperature: str, noise: str
+) -> tuple[str, str, str, str]:
+    """The behaviour's draw and the log-probabilities (module docstring) on ``logits`` [n, V]:
+    ``choice``, ``token_lp``, ``stop_lp``, ``log_norm``, each [n]."""
     sub_ids = b.constant("sub_ids", np.array(shape.sub_ids, np.int64))
     stop = b.constant("stop", np.array([shape.stop_id], np.int64))
     minus_inf = b.constant("minus_inf", np.array(-np.inf, np.float32))
@@ -285,10 +322,25 @@ def _sample(b: GraphBuilder, shape: ColumnShape, logits: str) -> None:
     token = b.one("Sub", [b.one("GatherElements", [sub, choice], axis=1), log_norm])
     stop_lp = b.one("Sub", [b.one("Gather", [logits, stop], axis=1), log_norm])
     flat = b.constant("flat", np.array([-1], np.int64))
-    b.output(b.one("Reshape", [choice, flat]), "choice", i64, ["n"])
-    b.output(b.one("Reshape", [token, flat]), "token_lp", f32, ["n"])
-    b.output(b.one("Reshape", [stop_lp, flat]), "stop_lp", f32, ["n"])
-    b.output(b.one("Reshape", [log_norm, flat]), "log_norm", f32, ["n"])
+    return tuple(b.one("Reshape", [t, flat]) for t in (choice, token, stop_lp, log_norm))
+
+
+def _sample(b: GraphBuilder, shape: ColumnShape, logits: str) -> None:
+    """``_draw`` with its inputs declared (``mask``, ``temperature``, ``noise``) and its four
+    results as outputs of their names."""
+    from onnx import TensorProto
+
+    f32, i64 = TensorProto.FLOAT, TensorProto.INT64
+    k = shape.width
+    mask = b.input("mask", TensorProto.BOOL, ["n", k])
+    temperature = b.input("temperature", f32, ["n", 1])
+    noise = b.input("noise", f32, ["n", k])
+    drawn = _draw(b, shape, logits, mask, temperature, noise)
+    for name, dtype, value in zip(_DRAWN, (i64, f32, f32, f32), drawn, strict=True):
+        b.output(value, name, dtype, ["n"])
+
+
+_DRAWN = ("choice", "token_lp", "stop_lp", "log_norm")
 
 
 def sample_graph(shape: ColumnShape) -> bytes:
@@ -310,3 +362,194 @@ def step_graph(shape: ColumnShape) -> bytes:
     b = GraphBuilder()
     _sample(b, shape, _forward(b, shape))
     return b.model("step")
+
+
+def rollout_graph(shape: ColumnShape) -> bytes:
+    """The serialised ``rollout`` graph: a whole rollout's columns after the prompt in one
+    ONNX ``Loop``, the grammar an automaton's table (``core.char_automaton.TokenTable``) inside it.
+
+    Inputs: the weights; ``logits`` [n, V] after the prompts and their keys and values
+    ``past_k{l}``, ``past_v{l}``, ``key_bias`` [n, S] and ``positions`` [n] (each row's next
+    position), as ``step`` takes them; ``temperature`` [n, 1]; ``noise`` [T, n, K] (column k's
+    Exp(1) noise, drawn as ``sample`` takes it); ``min_length``, ``columns`` (T) and ``pad`` (the
+    pad id), int64 scalars; the table ``table_mask`` bool [S, K] and ``table_next`` int64 [S, K]
+    (the state after each choice; the stop's column any state).
+
+    Iteration k (0 <= k < T) draws column k as ``sample`` does, its mask the row's state's row of
+    the table and the host's rules of ``onnx_rollout`` (a finished row may only stop, no stop
+    below ``min_length``, a dead end stops), moves the rows that did not stop to their next state,
+    and runs ``step``'s forward of the drawn tokens (a stopped row's is ``pad``): the next
+    iteration's logits. It stops after a column where no row moved. Scan outputs, [iterations, n]:
+    ``tokens`` (``pad`` where the row did not move), ``token_lp``, ``stop_lp``, ``log_norm``,
+    ``active`` (the rows still going before the draw), ``moves``; then ``last_stop_lp`` [n], the
+    stop's log-probability after the last iteration (column T's when the loop ran T columns) and
+    ``last_active`` [n]."""
+    from onnx import TensorProto, helper
+
+    f32, i64, boolean = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+    heads, head, k_width = shape.n_head, shape.n_embd // shape.n_head, shape.width
+    outer = GraphBuilder(prefix="outer_")
+    for name, dims in weight_shapes(shape).items():
+        outer.input(name, f32, dims)
+    logits = outer.input("logits", f32, ["n", shape.vocab])
+    past = [
+        (
+            outer.input(f"past_k{layer}", f32, ["n", heads, "s", head]),
+            outer.input(f"past_v{layer}", f32, ["n", heads, "s", head]),
+        )
+        for layer in range(shape.n_layer)
+    ]
+    key_bias = outer.input("key_bias", f32, ["n", "s"])
+    positions = outer.input("positions", i64, ["n"])
+    outer.input("temperature", f32, ["n", 1])
+    outer.input("noise", f32, ["t", "n", k_width])
+    outer.input("min_length", i64, [])
+    columns = outer.input("columns", i64, [])
+    outer.input("pad", i64, [])
+    outer.input("table_mask", boolean, ["states", k_width])
+    outer.input("table_next", i64, ["states", k_width])
+
+    body = GraphBuilder(prefix="body_")
+    step = body.input("k", i64, [])
+    body.input("cond_in", boolean, [])
+    carried = [
+        body.input("logits_in", f32, ["n", shape.vocab]),
+        body.input("active_in", boolean, ["n"]),
+        body.input("state_in", i64, ["n"]),
+        body.input("key_bias_in", f32, ["n", "s"]),
+        body.input("positions_in", i64, ["n"]),
+    ]
+    for layer in range(shape.n_layer):
+        carried.append(body.input(f"past_k{layer}_in", f32, ["n", heads, "s", head]))
+        carried.append(body.input(f"past_v{layer}_in", f32, ["n", heads, "s", head]))
+    b_logits, active, state, b_bias, b_positions = carried[:5]
+    b_past = list(zip(carried[5::2], carried[6::2], strict=True))
+    num_legal = k_width - 1
+    one = body.constant("one", np.array([1], np.int64))
+
+    def columns_of(mask: str, start: int, stop: int) -> str:
+        bounds = [body.value(np.array([start], np.int64)), body.value(np.array([stop], np.int64))]
+        return body.one("Slice", [mask, *bounds, one])
+
+    # the mask: the state's row of the table, a finished row only stopping, no stop below
+    # min_length, a dead end (nothing legal) stopping
+    mask = body.one("Gather", ["table_mask", state], axis=0)
+    going = body.one("Unsqueeze", [active, one])
+    legal = body.one("And", [columns_of(mask, 0, num_legal), going])
+    stop_column = columns_of(mask, num_legal, k_width)
+    may_stop = body.one("Not", [body.one("Less", [step, "min_length"])])
+    any_legal = body.one(
+        "Greater",
+        [
+            body.one(
+                "ReduceMax", [body.one("Cast", [legal], to=TensorProto.INT32), one], keepdims=1
+            ),
+            body.value(np.array(0, np.int32)),
+        ],
+    )
+    stop_allowed = body.one(
+        "Or",
+        [
+            body.one("And", [stop_column, body.one("And", [may_stop, going])]),
+            body.one("Not", [any_legal]),
+        ],
+    )
+    full_mask = body.one("Concat", [legal, stop_allowed], axis=1)
+    noise = body.one("Gather", ["noise", step], axis=0)
+    choice, token_lp, stop_lp, log_norm = _draw(
+        body, shape, b_logits, full_mask, "temperature", noise
+    )
+    stops = body.one(
+        "And", [active, body.one("Equal", [choice, body.value(np.array(num_legal, np.int64))])]
+    )
+    moves = body.one("And", [active, body.one("Not", [stops])])
+    sub_ids = body.constant("choice_ids", np.array(shape.sub_ids, np.int64))
+    tokens = body.one("Where", [moves, body.one("Gather", [sub_ids, choice]), "pad"])
+    flat_next = body.one("Reshape", ["table_next", body.value(np.array([-1], np.int64))])
+    reached = body.one(
+        "Gather",
+        [
+            flat_next,
+            body.one(
+                "Add",
+                [body.one("Mul", [state, body.value(np.array(k_width, np.int64))]), choice],
+            ),
+        ],
+    )
+    next_state = body.one("Where", [moves, reached, state])
+    zeros = body.one(
+        "Expand",
+        [
+            body.value(np.zeros((1, 1), np.float32)),
+            body.one(
+                "Concat",
+                [body.one("Shape", [b_positions]), body.value(np.array([1], np.int64))],
+                axis=0,
+            ),
+        ],
+    )
+    next_bias = body.one("Concat", [b_bias, zeros], axis=1)
+    next_logits, presents = _column(body, shape, tokens, b_positions, next_bias, b_past)
+    next_positions = body.one("Add", [b_positions, body.value(np.array(1, np.int64))])
+    cond_out = body.one(
+        "Greater",
+        [
+            body.one(
+                "ReduceMax",
+                [body.one("Cast", [moves], to=TensorProto.INT32)],
+                keepdims=0,
+            ),
+            body.value(np.array(0, np.int32)),
+        ],
+    )
+    body.output(cond_out, "cond_out", boolean, [])
+    body.output(next_logits, "logits_out", f32, ["n", shape.vocab])
+    body.output(moves, "active_out", boolean, ["n"])
+    body.output(next_state, "state_out", i64, ["n"])
+    body.output(next_bias, "key_bias_out", f32, ["n", "s1"])
+    body.output(next_positions, "positions_out", i64, ["n"])
+    for layer, (keys, values) in enumerate(presents):
+        body.output(keys, f"past_k{layer}_out", f32, ["n", heads, "s1", head])
+        body.output(values, f"past_v{layer}_out", f32, ["n", heads, "s1", head])
+    scans = (
+        (tokens, "tokens_scan", i64),
+        (token_lp, "token_lp_scan", f32),
+        (stop_lp, "stop_lp_scan", f32),
+        (log_norm, "log_norm_scan", f32),
+        (active, "active_scan", boolean),
+        (moves, "moves_scan", boolean),
+    )
+    for value, name, dtype in scans:
+        body.output(value, name, dtype, ["n"])
+
+    active0 = outer.one("Expand", [outer.value(np.array([True])), outer.one("Shape", [positions])])
+    state0 = outer.one(
+        "Expand", [outer.value(np.array([0], np.int64)), outer.one("Shape", [positions])]
+    )
+    starts = [logits, active0, state0, key_bias, positions]
+    for keys, values in past:
+        starts += [keys, values]
+    finals = [f"final_{i}" for i in range(len(starts))]
+    scanned = [name.replace("_scan", "") for _, name, _ in scans]
+    outer.nodes.append(
+        helper.make_node(
+            "Loop",
+            [columns, outer.value(np.array(True)), *starts],
+            [*finals, *scanned],
+            body=body.graph("column"),
+        )
+    )
+    last_stop = _draw_stop(outer, shape, finals[0])
+    outer.output(last_stop, "last_stop_lp", f32, ["n"])
+    outer.output(finals[1], "last_active", boolean, ["n"])
+    for (_, _, dtype), name in zip(scans, scanned, strict=True):
+        outer.output(name, f"{name}_out", dtype, ["t", "n"])
+    return outer.model("rollout")
+
+
+def _draw_stop(b: GraphBuilder, shape: ColumnShape, logits: str) -> str:
+    """The stop's log-probability [n] under ``logits`` [n, V] (``_draw``'s ``stop_lp``)."""
+    stop = b.constant("stop", np.array([shape.stop_id], np.int64))
+    log_norm = b.one("ReduceLogSumExp", [logits, b.constant("last", np.array([1], np.int64))])
+    stop_lp = b.one("Sub", [b.one("Gather", [logits, stop], axis=1), log_norm])
+    return b.one("Reshape", [stop_lp, b.constant("flat", np.array([-1], np.int64))])

@@ -12,6 +12,15 @@ a tie within float rounding, and leaves the generator in the same state.
 Rows with prompts of different lengths are left-padded together as on the eager path, the pads
 masked out of every column's attention (``key_bias``).
 
+Without a grammar, or with a grammar a task declared as an automaton (its table,
+``adapters.lm.table_grammar``), nothing is left for the host between columns: the whole rollout
+after the prompt is one call of the ``rollout`` graph (``onnx_graph.rollout_graph``: the columns
+in an ONNX ``Loop``, the mask rules and the table inside it), its noise drawn for every column
+beforehand from the generator as the column loop draws it and the generator put back to where
+the columns used stop. The same rows and generator state as the call per column; in the main job
+the rollout 1.33-1.40x faster (``benchmarks/step_speed.md``). xgrammar's matchers keep the call per
+column.
+
 ``usable(model)`` says when it applies (with ``lean_gpt2.supports``), ``preferred(model)`` when
 ``decode = "auto"`` takes it (small models: ``AUTO_MAX_PARAMETERS``); ``"eager"`` keeps the torch
 path, ``"onnx"`` asks for this one wherever it applies.
@@ -28,15 +37,18 @@ import numpy as np
 import torch
 
 from raptb.adapters.lm import lean_gpt2
+from raptb.adapters.lm.grammar import GrammarBatch
 from raptb.adapters.lm.onnx_graph import (
     ACTIVATIONS,
     ColumnShape,
+    rollout_graph,
     sample_graph,
     step_graph,
     weight_names,
 )
 from raptb.adapters.lm.rollout_record import Rollout, RolloutTimings, row_temperatures
 from raptb.adapters.lm.row_prompts import check_rollout_shape, row_prompt_ids
+from raptb.adapters.lm.table_grammar import TableGrammarBatch
 
 
 def available() -> bool:
@@ -168,6 +180,12 @@ def onnx_rollout(
         positions = position[:, 0].contiguous().numpy().copy()
         model_s = time.perf_counter() - tic
     grammar = policy.grammar_batch(n)
+    if policy.one_call and not isinstance(grammar, GrammarBatch):
+        feeds |= {"logits": first["logits"], "temperature": temp}
+        feeds |= _table_feeds(grammar, shape.width)
+        return _one_call(
+            policy, feeds, key_bias, positions, shape, (n, min_length, big_t), generator, start
+        )
     if grammar is not None:
         grammar.reset()
     grammar_s = 0.0
@@ -231,20 +249,111 @@ def onnx_rollout(
             grammar_s += time.perf_counter() - tic
             if not all(accepted):
                 raise RuntimeError("grammar matcher rejected a token its own mask allowed")
+    return _recorded(policy, tokens, length, log_pf, log_pterm, (model_s, grammar_s, start))
+
+
+def _sample_feeds(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {name: feeds[name] for name in ("mask", "temperature", "noise")}
+
+
+@functools.lru_cache(maxsize=8)
+def rollout_session(shape: ColumnShape, threads: int):
+    """The ``rollout`` graph's session (built once per shape and thread count)."""
+    return session(rollout_graph(shape), threads)
+
+
+def _table_feeds(grammar: TableGrammarBatch | None, width: int) -> dict[str, np.ndarray]:
+    """The ``rollout`` graph's grammar: the automaton's table, its stop column's next state 0
+    (never read: a stopped row keeps its state); without a grammar one state allowing all."""
+    if grammar is None:
+        return {
+            "table_mask": np.ones((1, width), dtype=bool),
+            "table_next": np.zeros((1, width), dtype=np.int64),
+        }
+    table = grammar.table
+    stop = np.zeros((table.num_states, 1), dtype=np.int64)
+    return {
+        "table_mask": table.mask,
+        "table_next": np.concatenate([table.next_state, stop], axis=1),
+    }
+
+
+def _one_call(
+    policy,
+    feeds: dict[str, np.ndarray],
+    key_bias: np.ndarray,
+    positions: np.ndarray,
+    shape: ColumnShape,
+    sizes: tuple[int, int, int],
+    generator: torch.Generator | None,
+    start: float,
+) -> Rollout:
+    """The rollout's columns in one call of the ``rollout`` graph (its docstring), for rows
+    without a grammar or with an automaton's table: the same rows, log-probabilities and
+    generator state as the column-by-column loop. ``sizes``: the rows, min_length and T;
+    ``start``: when the rollout began (its prompt's forward is in the model's time)."""
+    n, min_length, big_t = sizes
+    width = shape.width
+    source = torch.default_generator if generator is None else generator
+    saved = source.get_state()
+    # every column's noise as the column loop draws it; redrawn below up to the columns used
+    noise = torch.empty((big_t, n, width))
+    for column in noise:
+        column.exponential_(generator=source)
+    feeds |= {
+        "key_bias": key_bias,
+        "positions": positions,
+        "noise": noise.numpy(),
+        "min_length": np.array(min_length, dtype=np.int64),
+        "columns": np.array(big_t, dtype=np.int64),
+        "pad": np.array(policy.pad_id, dtype=np.int64),
+    }
+    last_stop, last_active, *scanned = rollout_session(shape, torch.get_num_threads()).run(
+        None, feeds
+    )
+    model_s = time.perf_counter() - start
+    step_tokens, token_lp, stop_lp, log_norm, active, moves = scanned
+    used = len(step_tokens)  # columns drawn: the loop stops after one where no row moved
+    if used < big_t:
+        source.set_state(saved)
+        for _ in range(used):
+            torch.empty((n, width)).exponential_(generator=source)
+    if not np.isfinite(log_norm).all():  # as torch.multinomial refuses such a distribution
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    tokens = np.full((n, big_t), policy.pad_id, dtype=np.int64)
+    log_pf = np.zeros((n, big_t), dtype=np.float32)
+    log_pterm = np.zeros((n, big_t + 1), dtype=np.float32)
+    length = np.full(n, big_t, dtype=np.int64)
+    if used:  # (with T = 0 no column is drawn and the scans come back [0, 0])
+        tokens[:, :used] = step_tokens.T
+        log_pf[:, :used] = np.where(moves, token_lp, 0.0).T
+        log_pterm[:, :used] = np.where(active, stop_lp, 0.0).T
+        stopped = (active & ~moves).T  # [n, used]: the column where each row stopped
+        length = np.where(stopped.any(axis=1), stopped.argmax(axis=1), big_t)
+    if used == big_t:
+        log_pterm[:, big_t] = np.where(last_active, last_stop, 0.0)
+    return _recorded(policy, tokens, length, log_pf, log_pterm, (model_s, 0.0, start))
+
+
+def _recorded(
+    policy,
+    tokens: np.ndarray,
+    length: np.ndarray,
+    log_pf: np.ndarray,
+    log_pterm: np.ndarray,
+    times: tuple[float, float, float],
+) -> Rollout:
+    """The ``Rollout`` of the host arrays, on the policy's device, with each row's ids and text;
+    ``times``: the model's and the grammar's seconds and when the rollout began."""
+    model_s, grammar_s, start = times
     row_ids = [tuple(row[:tau]) for row, tau in zip(tokens.tolist(), length.tolist(), strict=True)]
-    texts = [policy.row_text(row) for row in row_ids]
-    timings = RolloutTimings(model_s, grammar_s, time.perf_counter() - start)
     device = policy.device
     return Rollout(
         torch.from_numpy(tokens).to(device),
         torch.from_numpy(length).to(device),
         torch.from_numpy(log_pf).to(device),
         torch.from_numpy(log_pterm).to(device),
-        texts,
+        [policy.row_text(row) for row in row_ids],
         row_ids,
-        timings,
+        RolloutTimings(model_s, grammar_s, time.perf_counter() - start),
     )
-
-
-def _sample_feeds(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {name: feeds[name] for name in ("mask", "temperature", "noise")}

@@ -130,6 +130,10 @@ class HFPolicy:
         self.merge_copies = True
         """Whether a scoring forward computes each distinct row once (``adapters.lm.distinct_rows``:
         the same values and gradients, up to float rounding); off only to compare."""
+        self.one_call = True
+        """Whether the ONNX path runs a rollout without a grammar or with an automaton's table
+        in one call of its ``rollout`` graph (``onnx_rollout``: the same rollouts); off only
+        to compare."""
         self.step_together: Callable[[bool], bool] | None = None
         """For a model sharded across processes (whose forwards are collectives): called once per
         rollout step with whether this process's rows have all stopped, it returns whether every

@@ -52,10 +52,14 @@ class TableGrammarBatch(RowMasks):
                 f"table: {table.next_state.shape[1]} tokens, legal_ids: {len(legal_ids)}"
             )
         self._set_rows(legal_ids, batch_size, pin_memory)
+        self.table = table
         self._next_state = table.next_state
         self._mask = table.mask
-        self._packed = torch.from_numpy(pack_mask(table.mask))
+        self._packed = pack_mask(table.mask)
         self._state = np.zeros(batch_size, dtype=np.int64)
+        # written through NumPy: no torch operation (an inference tensor where the buffer was
+        # made under inference mode, as xgrammar fills it from C++)
+        self._words = self._bitmask.numpy()
 
     @property
     def batch_size(self) -> int:
@@ -72,15 +76,14 @@ class TableGrammarBatch(RowMasks):
 
     def next_bitmask(self) -> torch.Tensor:
         """``next_mask()`` packed: int32 [B, W], every row filled, in the batch's own buffer."""
-        self._bitmask.copy_(self._packed[torch.from_numpy(self._state)])
+        np.take(self._packed, self._state, axis=0, out=self._words)
         return self._bitmask
 
     def fill_bitmask(self, rows: Sequence[int]) -> torch.Tensor:
         """The packed buffer of ``next_bitmask()`` with the masks of ``rows`` filled now; the
         other rows keep whatever mask they held before."""
-        if len(rows):
-            index = torch.as_tensor(list(rows), dtype=torch.long)
-            self._bitmask[index] = self._packed[torch.from_numpy(self._state[list(rows)])]
+        index = np.asarray(rows, dtype=np.int64)
+        self._words[index] = self._packed[self._state[index]]
         return self._bitmask
 
     def _accept_sub(self, row: int, sub: int) -> bool:

@@ -19,6 +19,7 @@ from raptb.adapters.lm import lean_gpt2, onnx_rollout
 from raptb.adapters.lm.lora import apply_lora
 from raptb.adapters.lm.onnx_graph import weight_names
 from raptb.adapters.lm.policy import HFPolicy
+from raptb.adapters.tasks.expr24.task import Expr24Automaton, expr24_grammar
 from tests.adapters.test_policy import GRAMMAR, PROMPT, make_policy
 from tests.adapters.test_rollout_identity import ROLLOUT_CASES, reference_rollout
 
@@ -262,3 +263,76 @@ def test_auto_takes_onnx_for_small_models_only(monkeypatch: pytest.MonkeyPatch) 
     assert policy.decode_path == "eager"  # a model above the size auto takes
     policy.decode = "onnx"
     assert policy.decode_path == "onnx"  # asked for: any size it applies to
+
+
+ONE_CALL_CASES = [
+    # (grammar's length bounds or None, min_length, max_length, temperature per row)
+    (None, 1, 9, False),
+    ((3, 9), 3, 9, True),
+    ((3, 5), 1, 9, False),  # every row stops by column 5: the loop ends early
+    (None, 4, 6, True),
+]
+
+
+@pytest.mark.parametrize(("bounds", "min_length", "max_length", "per_row"), ONE_CALL_CASES)
+def test_one_call_equals_the_column_loop(
+    bounds: tuple[int, int] | None,
+    min_length: int,
+    max_length: int,
+    per_row: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rollout in one call of the ``rollout`` graph (no grammar, or an automaton's table)
+    against the call per column (held to the reference loop above): the same rows and lengths,
+    log-probabilities within float rounding, the generator left in the same state."""
+    grammar = None if bounds is None else expr24_grammar(*bounds)
+    policy = perturbed_policy(grammar, seed=3)
+    policy.automaton = None if bounds is None else Expr24Automaton(*bounds)
+    policy.decode = "onnx"
+    calls = []
+    one_call = onnx_rollout._one_call
+    monkeypatch.setattr(
+        onnx_rollout, "_one_call", lambda *a, **k: calls.append(1) or one_call(*a, **k)
+    )
+    prompts = [PROMPT, "Hi:"] * 12  # prompts of two lengths, left-padded together
+    temperature = torch.linspace(0.7, 1.6, 24) if per_row else 1.3
+    rollouts, states = [], []
+    for one in (True, False):
+        policy.one_call = one
+        gen = torch.Generator().manual_seed(7)
+        lengths = {"min_length": min_length, "max_length": max_length}
+        sample = policy.sample(prompts, 24, **lengths, temperature=temperature, generator=gen)
+        rollouts.append(sample)
+        states.append(gen.get_state())
+    assert len(calls) == 1  # the first side took the one call, the second did not
+    whole, columns = rollouts
+    assert whole.rows == columns.rows and whole.texts == columns.texts
+    assert torch.equal(whole.length, columns.length)
+    assert len(set(whole.length.tolist())) > 1
+    if bounds == (3, 5):
+        assert int(whole.length.max()) <= 5 < max_length
+    assert torch.allclose(whole.log_pf, columns.log_pf, rtol=0, atol=1e-6)
+    assert torch.allclose(whole.log_pterm, columns.log_pterm, rtol=0, atol=1e-6)
+    assert bool(torch.all((whole.log_pterm == 0) == (columns.log_pterm == 0)))
+    assert torch.equal(states[0], states[1])
+
+
+def test_matchers_decode_column_by_column(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A grammar without an automaton (xgrammar's matchers run on the host) takes the call per
+    column; without a grammar the one call, which refuses non-finite logits as well."""
+    calls = []
+    one_call = onnx_rollout._one_call
+    monkeypatch.setattr(
+        onnx_rollout, "_one_call", lambda *a, **k: calls.append(1) or one_call(*a, **k)
+    )
+    policy = perturbed_policy(GRAMMAR, seed=9)
+    policy.decode = "onnx"
+    policy.sample(PROMPT, 4, min_length=1, max_length=9)
+    assert not calls
+    free = perturbed_policy(None, seed=9)
+    free.decode = "onnx"
+    with torch.no_grad():
+        free.model.transformer.ln_f.bias[0] = float("nan")
+    with pytest.raises(RuntimeError, match="probability tensor"):
+        free.sample(PROMPT, 4, min_length=1, max_length=9)
+    assert calls == [1]
