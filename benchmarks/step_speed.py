@@ -527,6 +527,38 @@ def one_call(args: argparse.Namespace) -> None:
     _rollout_sides(args, trainer, ("one call", "per column"), choose, "total_s")
 
 
+def adamw(args: argparse.Namespace) -> None:
+    """AdamW's fused update against the multi-tensor one, alternating in one trainer (the
+    optimizer's state handed over at each switch, outside the timed steps)."""
+    import torch
+
+    trainer = _loss_trainer(args)
+    groups = [dict(group) for group in trainer.optimizer.param_groups]
+    optimizers = {
+        "fused": trainer.optimizer,
+        "foreach": torch.optim.AdamW(groups, foreach=True),
+    }
+    assert trainer.optimizer.defaults["fused"]
+
+    def choose(side: str) -> None:
+        if trainer.optimizer is not optimizers[side]:
+            optimizers[side].load_state_dict(trainer.optimizer.state_dict())
+            trainer.optimizer = optimizers[side]
+
+    print("| from step | ms/step, fused (median; mean) | ms/step, foreach (median; mean) | ratio |")
+    print("|---:|---|---|---:|")
+    sides = ("fused", "foreach")
+    for phase in args.phases:
+        start, times = _alternating(trainer, phase, args.steps, sides, choose, lambda: None)
+        medians = [statistics.median(times[side]) for side in sides]
+        means = [statistics.mean(times[side]) for side in sides]
+        print(
+            f"| {start} | {medians[0]:.2f}; {means[0]:.2f} | {medians[1]:.2f}; {means[1]:.2f} | "
+            f"{medians[1] / medians[0]:.3f}x |",
+            flush=True,
+        )
+
+
 SIZES = ((64, 2, None), (128, 4, None), (256, 6, None), (512, 8, None), (256, 6, 50257))
 """``sizes``' GPT-2 shapes: width, layers, vocabulary (None: the embedded model's characters)."""
 
@@ -595,7 +627,7 @@ def _loss_trainer(args: argparse.Namespace) -> Any:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     modes = ["profile", "ab", "floor", "copies", "decode", "grammar", "one-call", "sizes"]
-    modes += ["interleave", "serve"]
+    modes += ["adamw", "interleave", "serve"]
     parser.add_argument("mode", choices=modes)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
@@ -626,6 +658,8 @@ def main() -> None:
         grammar(args)
     elif args.mode == "one-call":
         one_call(args)
+    elif args.mode == "adamw":
+        adamw(args)
     elif args.mode == "sizes":
         sizes(args)
     elif args.mode == "serve":

@@ -426,3 +426,28 @@ def test_cli_time_limit_stops_with_exit_0_and_says_why(tmp_path, monkeypatch):
     assert [p.name for p in list_checkpoints(run)] == ["step-000001"]
     bad = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "x"), "--time-limit", "0"])
     assert bad.exit_code == 2 and "time_limit" in bad.output
+
+
+def test_the_fused_update_trains_like_the_multi_tensor_one(tmp_path: Path) -> None:
+    """``optim.fused_update`` reaches AdamW (fused on a CPU, else torch's foreach update), and
+    the main job's first steps log the same records up to float rounding."""
+    records, weights = {}, {}
+    for fused in (True, False):
+        overrides = {"task": "expr24", "loss": "raptb", "replay.kind": "subm", "seed": 3}
+        config = build_config(overrides=overrides | {"steps": 12, "optim.fused_update": fused})
+        trainer = Trainer(config, tmp_path / str(fused), progress=False)
+        assert bool(trainer.optimizer.defaults["fused"]) is fused
+        assert bool(trainer.optimizer.defaults["foreach"]) is not fused
+        trainer.train()
+        lines = (tmp_path / str(fused) / "metrics.jsonl").read_text().splitlines()
+        records[fused] = [json.loads(line) for line in lines]
+        weights[fused] = torch.cat(
+            [p.detach().flatten() for p in trainer.policy.model.parameters()]
+        )
+    assert len(records[True]) == len(records[False]) == 12
+    assert torch.allclose(weights[True], weights[False], rtol=0, atol=1e-5)
+    assert not torch.equal(weights[True], weights[False])  # two updates' rounding
+    for fused, multi in zip(records[True], records[False], strict=True):
+        for key, value in multi.items():
+            if key != "seconds":  # wall time
+                assert fused[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
