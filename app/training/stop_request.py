@@ -13,7 +13,9 @@ to the ranks about a millisecond later. So
 A run stopped by a SIGTERM may finish its step and checkpoint within a fraction of a second, so
 the repeat can arrive after the loop has left ``catching_signals``: there SIGTERM's default
 action is not put back until the window has passed (a repeat inside it is still ignored), so the
-process exits with 143 as it means to instead of dying of the repeat.
+process exits with 143 as it means to instead of dying of the repeat. Python's own shutdown puts
+the default action back, so ``raptb train`` ignores SIGTERM once it is exiting with 143
+(app.training.train_command).
 """
 
 from __future__ import annotations

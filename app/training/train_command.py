@@ -271,6 +271,11 @@ def train_command(
     except (TrainingError, ValueError, RunLocked) as exc:
         raise _fail(str(exc)) from None
     code = EXIT_TERMINATED if result.stop_signal == signal.SIGTERM else 0
+    if code == EXIT_TERMINATED:
+        # the run is over and checkpointed: a repeat of the preemption's SIGTERM during the
+        # interpreter's shutdown (which puts Python's handlers back to the default action, and
+        # takes a second with torch loaded) must not turn exit 143 into a death by the signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if dist.local_rank == 0:  # for this node's launcher (each node of a run has its own)
         record_outcome(code)
     if not dist.is_main:

@@ -95,6 +95,28 @@ def test_kill_9_then_resume_gives_the_uninterrupted_log(tmp_path):
     assert not list((run / "checkpoints").glob(".tmp-*"))
 
 
+def test_a_sigterm_repeated_while_the_process_exits_keeps_143(tmp_path):
+    """The preemption's SIGTERM delivered again after the run has checkpointed and said so, while
+    the interpreter shuts down (which puts Python's signal handlers back to the default action):
+    still exit 143, not a death by the signal (-15; seen in CI with steps fast enough that the
+    0.3 s of the test below fell after the run's end)."""
+    run = tmp_path / "run"
+    proc = spawn(*RUN, "--steps", "200", "--out", str(run))
+    wait_for_lines(run, 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    said = []
+    for line in proc.stderr:
+        said.append(line)
+        if "continue with" in line:
+            break
+    time.sleep(0.2)  # into the shutdown (without the fix: -15 at every delay from 0.05 to 0.7 s)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, "".join(said) + err
+    assert [c.name for c in list_checkpoints(run)][-1] == f"step-{len(records(run)):06d}"
+
+
 def test_sigterm_checkpoints_and_exits_143(tmp_path):
     run = tmp_path / "run"
     proc = spawn(*RUN, "--steps", "200", "--out", str(run))
