@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raptb.adapters.lm.onnx_graph import (
+from raptb.adapters.lm.onnx_builder import (
     ACTIVATIONS,
     GraphBuilder,
     ModelShape,

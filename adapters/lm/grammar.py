@@ -115,6 +115,13 @@ class RowMasks:
         sub = self._sub_id.get(int(token_id))
         return False if sub is None else self._accept_sub(row, sub)
 
+    def _subs(self, token_ids: Sequence[int]) -> list[int]:
+        """The sub-ids of full-vocabulary ``token_ids``; ValueError for one outside the list."""
+        subs = [self._sub_id.get(int(t), -1) for t in token_ids]
+        if any(s < 0 for s in subs):
+            raise ValueError("token_ids: every token must be in legal_ids")
+        return subs
+
     def allowed_mask(self) -> torch.Tensor:
         """Bool [B, L]: legal token j may follow each row's text and keep it a grammar prefix."""
         return self.next_mask()[:, : self.num_legal]
@@ -204,9 +211,7 @@ class GrammarBatch(RowMasks):
         """``accept`` for several rows at once. A loop over the matchers: 1.3-1.7x faster than
         xgrammar's ``batch_accept_token`` from 8 to 512 rows (one thread; 64 against 97 us for the
         main job's 34 rows, caches cold as in a training step)."""
-        subs = [self._sub_id.get(int(t), -1) for t in token_ids]
-        if any(s < 0 for s in subs):
-            raise ValueError("token_ids: every token must be in legal_ids")
+        subs = self._subs(token_ids)
         self._stale = True
         matchers = self._matchers
         return [matchers[r].accept_token(s) for r, s in zip(rows, subs, strict=True)]

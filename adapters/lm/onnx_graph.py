@@ -4,8 +4,8 @@ or all of them.
 For the embedded model (2 blocks, width 64) a rollout column is about 60 torch operations of the
 forward and 20 of the sampling, each 2-20 us of dispatch on a CPU core for microseconds of
 arithmetic; ONNX Runtime runs the same graph from C++ in one call. Three graphs, built from the
-model's configuration only (its weights are inputs, bound to the parameters' memory at each
-rollout, so the graph follows the optimizer's in-place updates):
+model's configuration only with ``onnx_builder``'s pieces (its weights are inputs, bound to the
+parameters' memory at each rollout, so the graph follows the optimizer's in-place updates):
 
 ``sample`` (the first column, after the prompt): from ``logits`` [n, V]
 
@@ -41,37 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-OPSET = 20
-"""ONNX's opset: ``Gelu`` with the tanh approximation (GPT-2's) is in 20."""
-
-ACTIVATIONS = {
-    "gelu_new": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu_fast": "gelu_tanh",
-    "gelu": "gelu",
-    "gelu_python": "gelu",
-    "relu": "relu",
-    "silu": "silu",
-    "swish": "silu",
-}
-"""transformers' ``activation_function`` names (``ACT2FN``) the graph computes, by the function
-each is: the tanh approximation (GPT-2's), the exact (erf) GELU, ReLU, x sigmoid(x). A model with
-another activation decodes on the eager path."""
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What a GPT-2 graph depends on: the model's configuration."""
-
-    n_layer: int
-    n_head: int
-    n_embd: int
-    n_inner: int
-    vocab: int
-    positions: int
-    eps: float
-    activation: str = "gelu_tanh"
-    """The MLP's activation, one of ``ACTIVATIONS``' values."""
+from raptb.adapters.lm.onnx_builder import GraphBuilder, ModelShape, activation, weight_shapes
 
 
 @dataclass(frozen=True)
@@ -89,125 +59,6 @@ class ColumnShape(ModelShape):
     @property
     def width(self) -> int:
         return len(self.sub_ids)
-
-
-def weight_names(shape: ModelShape) -> list[str]:
-    """The graph's weight inputs, named as ``GPT2LMHeadModel.named_parameters`` names them."""
-    names = ["transformer.wte.weight", "transformer.wpe.weight"]
-    for layer in range(shape.n_layer):
-        block = f"transformer.h.{layer}."
-        names += [
-            block + part
-            for part in (
-                "ln_1.weight",
-                "ln_1.bias",
-                "attn.c_attn.weight",
-                "attn.c_attn.bias",
-                "attn.c_proj.weight",
-                "attn.c_proj.bias",
-                "ln_2.weight",
-                "ln_2.bias",
-                "mlp.c_fc.weight",
-                "mlp.c_fc.bias",
-                "mlp.c_proj.weight",
-                "mlp.c_proj.bias",
-            )
-        ]
-    return [*names, "transformer.ln_f.weight", "transformer.ln_f.bias", "lm_head.weight"]
-
-
-def weight_shapes(shape: ModelShape) -> dict[str, list[int]]:
-    c, inner = shape.n_embd, shape.n_inner
-    per_block = {
-        "ln_1.weight": [c],
-        "ln_1.bias": [c],
-        "attn.c_attn.weight": [c, 3 * c],
-        "attn.c_attn.bias": [3 * c],
-        "attn.c_proj.weight": [c, c],
-        "attn.c_proj.bias": [c],
-        "ln_2.weight": [c],
-        "ln_2.bias": [c],
-        "mlp.c_fc.weight": [c, inner],
-        "mlp.c_fc.bias": [inner],
-        "mlp.c_proj.weight": [inner, c],
-        "mlp.c_proj.bias": [c],
-    }
-    shapes = {
-        "transformer.wte.weight": [shape.vocab, c],
-        "transformer.wpe.weight": [shape.positions, c],
-        "transformer.ln_f.weight": [c],
-        "transformer.ln_f.bias": [c],
-        "lm_head.weight": [shape.vocab, c],
-    }
-    for layer in range(shape.n_layer):
-        for part, dims in per_block.items():
-            shapes[f"transformer.h.{layer}.{part}"] = dims
-    return shapes
-
-
-@dataclass
-class GraphBuilder:
-    """Nodes, constants, inputs and outputs of one graph, with unique intermediate names."""
-
-    nodes: list = field(default_factory=list)
-    constants: list = field(default_factory=list)
-    inputs: list = field(default_factory=list)
-    outputs: list = field(default_factory=list)
-    count: int = 0
-    prefix: str = ""
-    """Before every intermediate's and constant's name: a loop body's names apart from its outer
-    graph's, which it reads."""
-
-    def op(self, kind: str, inputs: Sequence[str], outputs: int = 1, **attributes) -> list[str]:
-        from onnx import helper
-
-        self.count += 1
-        names = [f"{self.prefix}{kind.lower()}_{self.count}_{i}" for i in range(outputs)]
-        self.nodes.append(helper.make_node(kind, list(inputs), names, **attributes))
-        return names
-
-    def one(self, kind: str, inputs: Sequence[str], **attributes) -> str:
-        return self.op(kind, inputs, **attributes)[0]
-
-    def constant(self, name: str, value: np.ndarray) -> str:
-        from onnx import numpy_helper
-
-        name = self.prefix + name
-        self.constants.append(numpy_helper.from_array(value, name))
-        return name
-
-    def value(self, value: np.ndarray) -> str:
-        """A constant under a fresh name."""
-        self.count += 1
-        return self.constant(f"const_{self.count}", np.asarray(value))
-
-    def input(self, name: str, dtype: int, dims: Sequence[int | str]) -> str:
-        from onnx import helper
-
-        self.inputs.append(helper.make_tensor_value_info(name, dtype, list(dims)))
-        return name
-
-    def output(self, source: str, name: str, dtype: int, dims: Sequence[int | str]) -> None:
-        from onnx import helper
-
-        self.nodes.append(helper.make_node("Identity", [source], [name]))
-        self.outputs.append(helper.make_tensor_value_info(name, dtype, list(dims)))
-
-    def graph(self, name: str):
-        """The ``onnx.GraphProto`` (a loop's body, or a model's graph)."""
-        from onnx import helper
-
-        return helper.make_graph(self.nodes, name, self.inputs, self.outputs, self.constants)
-
-    def model(self, name: str) -> bytes:
-        import onnx
-        from onnx import helper
-
-        graph = self.graph(name)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-        model.ir_version = 9  # opset 20's: what ONNX Runtime 1.17 onwards reads
-        onnx.checker.check_model(model)
-        return model.SerializeToString()
 
 
 def _column(
@@ -292,37 +143,32 @@ def _forward(b: GraphBuilder, shape: ColumnShape) -> str:
     return logits
 
 
-def activation(b: GraphBuilder, kind: str, x: str) -> str:
-    if kind == "gelu_tanh":
-        return b.one("Gelu", [x], approximate="tanh")
-    if kind == "gelu":
-        return b.one("Gelu", [x])
-    if kind == "relu":
-        return b.one("Relu", [x])
-    if kind == "silu":
-        return b.one("Mul", [x, b.one("Sigmoid", [x])])
-    raise ValueError(
-        f"activation: expected one of {sorted(set(ACTIVATIONS.values()))}, got {kind!r}"
-    )
-
-
 def _draw(
     b: GraphBuilder, shape: ColumnShape, logits: str, mask: str, temperature: str, noise: str
 ) -> tuple[str, str, str, str]:
     """The behaviour's draw and the log-probabilities (module docstring) on ``logits`` [n, V]:
     ``choice``, ``token_lp``, ``stop_lp``, ``log_norm``, each [n]."""
     sub_ids = b.constant("sub_ids", np.array(shape.sub_ids, np.int64))
-    stop = b.constant("stop", np.array([shape.stop_id], np.int64))
     minus_inf = b.constant("minus_inf", np.array(-np.inf, np.float32))
     sub = b.one("Gather", [logits, sub_ids], axis=1)
     behaviour = b.one("Where", [mask, b.one("Div", [sub, temperature]), minus_inf])
     chances = b.one("Div", [b.one("Softmax", [behaviour], axis=1), noise])
     choice = b.one("ArgMax", [chances], axis=1, keepdims=1)  # [n, 1], the first of ties
-    log_norm = b.one("ReduceLogSumExp", [logits, b.constant("last", np.array([1], np.int64))])
+    stop_lp, log_norm = _stop_log_prob(b, shape, logits)
     token = b.one("Sub", [b.one("GatherElements", [sub, choice], axis=1), log_norm])
-    stop_lp = b.one("Sub", [b.one("Gather", [logits, stop], axis=1), log_norm])
-    flat = b.constant("flat", np.array([-1], np.int64))
-    return tuple(b.one("Reshape", [t, flat]) for t in (choice, token, stop_lp, log_norm))
+    return tuple(_flat(b, t) for t in (choice, token, stop_lp, log_norm))
+
+
+def _stop_log_prob(b: GraphBuilder, shape: ColumnShape, logits: str) -> tuple[str, str]:
+    """The stop's log-probability and the log-normaliser under ``logits`` [n, V], each [n, 1]."""
+    stop = b.constant("stop", np.array([shape.stop_id], np.int64))
+    log_norm = b.one("ReduceLogSumExp", [logits, b.constant("last", np.array([1], np.int64))])
+    return b.one("Sub", [b.one("Gather", [logits, stop], axis=1), log_norm]), log_norm
+
+
+def _flat(b: GraphBuilder, x: str) -> str:
+    """``x`` [n, 1] as [n]."""
+    return b.one("Reshape", [x, b.value(np.array([-1], np.int64))])
 
 
 def _sample(b: GraphBuilder, shape: ColumnShape, logits: str) -> None:
@@ -427,6 +273,14 @@ def rollout_graph(shape: ColumnShape) -> bytes:
     num_legal = k_width - 1
     one = body.constant("one", np.array([1], np.int64))
 
+    def any_true(x: str, keepdims: int) -> str:
+        """Whether any entry of bool ``x`` is true: in each row ([n, 1]), or at all ([])."""
+        axes = [one] if keepdims else []  # (ONNX reduces no bools)
+        most = body.one(
+            "ReduceMax", [body.one("Cast", [x], to=TensorProto.INT32), *axes], keepdims=keepdims
+        )
+        return body.one("Greater", [most, body.value(np.array(0, np.int32))])
+
     def columns_of(mask: str, start: int, stop: int) -> str:
         bounds = [body.value(np.array([start], np.int64)), body.value(np.array([stop], np.int64))]
         return body.one("Slice", [mask, *bounds, one])
@@ -438,15 +292,7 @@ def rollout_graph(shape: ColumnShape) -> bytes:
     legal = body.one("And", [columns_of(mask, 0, num_legal), going])
     stop_column = columns_of(mask, num_legal, k_width)
     may_stop = body.one("Not", [body.one("Less", [step, "min_length"])])
-    any_legal = body.one(
-        "Greater",
-        [
-            body.one(
-                "ReduceMax", [body.one("Cast", [legal], to=TensorProto.INT32), one], keepdims=1
-            ),
-            body.value(np.array(0, np.int32)),
-        ],
-    )
+    any_legal = any_true(legal, keepdims=1)
     stop_allowed = body.one(
         "Or",
         [
@@ -491,17 +337,7 @@ def rollout_graph(shape: ColumnShape) -> bytes:
     next_bias = body.one("Concat", [b_bias, zeros], axis=1)
     next_logits, presents = _column(body, shape, tokens, b_positions, next_bias, b_past)
     next_positions = body.one("Add", [b_positions, body.value(np.array(1, np.int64))])
-    cond_out = body.one(
-        "Greater",
-        [
-            body.one(
-                "ReduceMax",
-                [body.one("Cast", [moves], to=TensorProto.INT32)],
-                keepdims=0,
-            ),
-            body.value(np.array(0, np.int32)),
-        ],
-    )
+    cond_out = any_true(moves, keepdims=0)
     body.output(cond_out, "cond_out", boolean, [])
     body.output(next_logits, "logits_out", f32, ["n", shape.vocab])
     body.output(moves, "active_out", boolean, ["n"])
@@ -539,17 +375,9 @@ def rollout_graph(shape: ColumnShape) -> bytes:
             body=body.graph("column"),
         )
     )
-    last_stop = _draw_stop(outer, shape, finals[0])
+    last_stop = _flat(outer, _stop_log_prob(outer, shape, finals[0])[0])
     outer.output(last_stop, "last_stop_lp", f32, ["n"])
     outer.output(finals[1], "last_active", boolean, ["n"])
     for (_, _, dtype), name in zip(scans, scanned, strict=True):
         outer.output(name, f"{name}_out", dtype, ["t", "n"])
     return outer.model("rollout")
-
-
-def _draw_stop(b: GraphBuilder, shape: ColumnShape, logits: str) -> str:
-    """The stop's log-probability [n] under ``logits`` [n, V] (``_draw``'s ``stop_lp``)."""
-    stop = b.constant("stop", np.array([shape.stop_id], np.int64))
-    log_norm = b.one("ReduceLogSumExp", [logits, b.constant("last", np.array([1], np.int64))])
-    stop_lp = b.one("Sub", [b.one("Gather", [logits, stop], axis=1), log_norm])
-    return b.one("Reshape", [stop_lp, b.constant("flat", np.array([-1], np.int64))])

@@ -38,14 +38,8 @@ import torch
 
 from raptb.adapters.lm import lean_gpt2
 from raptb.adapters.lm.grammar import GrammarBatch
-from raptb.adapters.lm.onnx_graph import (
-    ACTIVATIONS,
-    ColumnShape,
-    rollout_graph,
-    sample_graph,
-    step_graph,
-    weight_names,
-)
+from raptb.adapters.lm.onnx_builder import ACTIVATIONS, weight_names
+from raptb.adapters.lm.onnx_graph import ColumnShape, rollout_graph, sample_graph, step_graph
 from raptb.adapters.lm.rollout_record import Rollout, RolloutTimings, row_temperatures
 from raptb.adapters.lm.row_prompts import check_rollout_shape, row_prompt_ids
 from raptb.adapters.lm.table_grammar import TableGrammarBatch
@@ -63,7 +57,7 @@ def available() -> bool:
 
 def usable(model: torch.nn.Module) -> bool:
     """Whether this path runs ``model``'s rollouts: a model ``lean_gpt2`` supports (the caller
-    asks that, memoised), with an activation the graph computes (``onnx_graph.ACTIVATIONS``),
+    asks that, memoised), with an activation the graph computes (``onnx_builder.ACTIVATIONS``),
     every parameter float32 on the CPU, and ONNX Runtime installed."""
     return (
         getattr(model.config, "activation_function", None) in ACTIVATIONS

@@ -53,8 +53,6 @@ class TableGrammarBatch(RowMasks):
             )
         self._set_rows(legal_ids, batch_size, pin_memory)
         self.table = table
-        self._next_state = table.next_state
-        self._mask = table.mask
         self._packed = pack_mask(table.mask)
         self._state = np.zeros(batch_size, dtype=np.int64)
         # written through NumPy: no torch operation (an inference tensor where the buffer was
@@ -72,7 +70,7 @@ class TableGrammarBatch(RowMasks):
     def next_mask(self) -> torch.Tensor:
         """Bool [B, L + 1] next-token mask of every row (column j < L: legal token j may follow;
         column L: the text is complete, stop allowed); a new tensor each call."""
-        return torch.from_numpy(self._mask[self._state])
+        return torch.from_numpy(self.table.mask[self._state])
 
     def next_bitmask(self) -> torch.Tensor:
         """``next_mask()`` packed: int32 [B, W], every row filled, in the batch's own buffer."""
@@ -87,7 +85,7 @@ class TableGrammarBatch(RowMasks):
         return self._bitmask
 
     def _accept_sub(self, row: int, sub: int) -> bool:
-        reached = self._next_state[self._state[row], sub]
+        reached = self.table.next_state[self._state[row], sub]
         if reached < 0:
             return False
         self._state[row] = reached
@@ -95,13 +93,11 @@ class TableGrammarBatch(RowMasks):
 
     def accept_many(self, rows: Sequence[int], token_ids: Sequence[int]) -> list[bool]:
         """``accept`` for several rows at once (rejected rows keep their state)."""
-        subs = [self._sub_id.get(int(t), -1) for t in token_ids]
-        if any(s < 0 for s in subs):
-            raise ValueError("token_ids: every token must be in legal_ids")
+        subs = self._subs(token_ids)
         if len(subs) != len(rows):
             raise ValueError(f"rows ({len(rows)}) and token_ids ({len(subs)}) differ in length")
         index = np.asarray(rows, dtype=np.int64)
-        reached = self._next_state[self._state[index], np.asarray(subs, dtype=np.int64)]
+        reached = self.table.next_state[self._state[index], np.asarray(subs, dtype=np.int64)]
         accepted = reached >= 0
         self._state[index[accepted]] = reached[accepted]
         return accepted.tolist()

@@ -17,7 +17,7 @@ import torch
 
 from raptb.adapters.lm import lean_gpt2, onnx_rollout
 from raptb.adapters.lm.lora import apply_lora
-from raptb.adapters.lm.onnx_graph import weight_names
+from raptb.adapters.lm.onnx_builder import weight_names
 from raptb.adapters.lm.policy import HFPolicy
 from raptb.adapters.tasks.expr24.task import Expr24Automaton, expr24_grammar
 from tests.adapters.test_policy import GRAMMAR, PROMPT, make_policy
