@@ -130,6 +130,9 @@ class HFPolicy:
         self.merge_copies = True
         """Whether a scoring forward computes each distinct row once (``adapters.lm.distinct_rows``:
         the same values and gradients, up to float rounding); off only to compare."""
+        self.tanh_gelu = True
+        """Whether the lean forward's rescoring computes the tanh GELU by ``adapters.lm.tanh_gelu``
+        (the same function, its derivative kept from the forward) on a CPU; off only to compare."""
         self.one_call = True
         """Whether the ONNX path runs a rollout without a grammar or with an automaton's table
         in one call of its ``rollout`` graph (``onnx_rollout``: the same rollouts); off only
@@ -342,15 +345,15 @@ class HFPolicy:
         """Logits [B, T+1, V] after each row's prompt and its tokens ``body`` [B, T], by
         ``lean_gpt2`` (a prompt shared by every row computed once, in the rows' own pass)."""
         if body.shape[1] and all(row == rows[0] for row in rows):
-            return lean_gpt2.shared_prompt_logits(model, rows[0], body)
+            return lean_gpt2.shared_prompt_logits(model, rows[0], body, self.tanh_gelu)
         first, past, following, key_mask = lean_gpt2.prompt_logits_and_past(
-            model, rows, self.pad_id, self.device
+            model, rows, self.pad_id, self.device, self.tanh_gelu
         )
         big_t = body.shape[1]
         positions = following + torch.arange(big_t, device=body.device)[None, :]
         if key_mask is not None:
             key_mask = torch.cat([key_mask, key_mask.new_ones(body.shape)], dim=1)
-        logits, _ = lean_gpt2.forward(model, body, positions, past, key_mask)
+        logits, _ = lean_gpt2.forward(model, body, positions, past, key_mask, self.tanh_gelu)
         return torch.cat([first[:, None, :], logits], dim=1)
 
     def _logits(

@@ -149,6 +149,14 @@ class OptimConfig(Section):
         "rounding (benchmarks/step_speed.md). False: torch's multi-tensor (foreach) update, for "
         "comparison. A GPU, or a model sharded with FSDP, keeps torch's default.",
     )
+    tanh_gelu: bool = Field(
+        True,
+        description="On a CPU, the teacher-forced rescoring's tanh GELU (GPT-2's activation) by "
+        "adapters/lm/tanh_gelu.py: torch's tanh and two compiled loops, the derivative kept from "
+        "the forward for the backward (the embedded model's step 1.02-1.03x), the same function "
+        "up to float rounding (benchmarks/step_speed.md). False: torch's GELU kernels, for "
+        "comparison.",
+    )
 
 
 class DistributedConfig(Section):

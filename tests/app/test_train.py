@@ -428,26 +428,58 @@ def test_cli_time_limit_stops_with_exit_0_and_says_why(tmp_path, monkeypatch):
     assert bad.exit_code == 2 and "time_limit" in bad.output
 
 
+def _twelve_steps(tmp_path: Path, knob: str, on: bool) -> tuple[Trainer, list[dict], torch.Tensor]:
+    """The main job's first 12 steps (seed 3) with ``knob`` set to ``on``: the trainer, its
+    metrics records and its weights."""
+    overrides = {"task": "expr24", "loss": "raptb", "replay.kind": "subm", "seed": 3}
+    config = build_config(overrides=overrides | {"steps": 12, knob: on})
+    trainer = Trainer(config, tmp_path / f"{knob}-{on}", progress=False)
+    trainer.train()
+    lines = (tmp_path / f"{knob}-{on}" / "metrics.jsonl").read_text().splitlines()
+    weights = torch.cat([p.detach().flatten() for p in trainer.policy.model.parameters()])
+    return trainer, [json.loads(line) for line in lines], weights
+
+
+def _same_up_to_rounding(
+    on: tuple[list[dict], torch.Tensor], off: tuple[list[dict], torch.Tensor]
+) -> None:
+    """Two runs' records and weights equal up to float rounding, but not bit for bit."""
+    (records_on, weights_on), (records_off, weights_off) = on, off
+    assert len(records_on) == len(records_off) == 12
+    assert torch.allclose(weights_on, weights_off, rtol=0, atol=1e-5)
+    assert not torch.equal(weights_on, weights_off)  # two computations' rounding
+    for mine, theirs in zip(records_on, records_off, strict=True):
+        for key, value in theirs.items():
+            if key != "seconds":  # wall time
+                assert mine[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
 def test_the_fused_update_trains_like_the_multi_tensor_one(tmp_path: Path) -> None:
     """``optim.fused_update`` reaches AdamW (fused on a CPU, else torch's foreach update), and
     the main job's first steps log the same records up to float rounding."""
-    records, weights = {}, {}
+    runs = {}
     for fused in (True, False):
-        overrides = {"task": "expr24", "loss": "raptb", "replay.kind": "subm", "seed": 3}
-        config = build_config(overrides=overrides | {"steps": 12, "optim.fused_update": fused})
-        trainer = Trainer(config, tmp_path / str(fused), progress=False)
+        trainer, records, weights = _twelve_steps(tmp_path, "optim.fused_update", fused)
         assert bool(trainer.optimizer.defaults["fused"]) is fused
         assert bool(trainer.optimizer.defaults["foreach"]) is not fused
-        trainer.train()
-        lines = (tmp_path / str(fused) / "metrics.jsonl").read_text().splitlines()
-        records[fused] = [json.loads(line) for line in lines]
-        weights[fused] = torch.cat(
-            [p.detach().flatten() for p in trainer.policy.model.parameters()]
-        )
-    assert len(records[True]) == len(records[False]) == 12
-    assert torch.allclose(weights[True], weights[False], rtol=0, atol=1e-5)
-    assert not torch.equal(weights[True], weights[False])  # two updates' rounding
-    for fused, multi in zip(records[True], records[False], strict=True):
-        for key, value in multi.items():
-            if key != "seconds":  # wall time
-                assert fused[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+        runs[fused] = (records, weights)
+    _same_up_to_rounding(runs[True], runs[False])
+
+
+def test_the_kept_slope_gelu_trains_like_torchs_kernels(tmp_path: Path, monkeypatch) -> None:
+    """``optim.tanh_gelu`` reaches the policy (its rescoring's GELU by adapters/lm/tanh_gelu.py,
+    else torch's kernels), and the main job's first steps log the same records up to float
+    rounding."""
+    from raptb.adapters.lm import lean_gpt2
+
+    calls = []
+    kept = lean_gpt2.tanh_gelu
+    monkeypatch.setattr(lean_gpt2, "tanh_gelu", lambda x: calls.append(1) or kept(x))
+    runs = {}
+    for on in (True, False):
+        calls.clear()
+        trainer, records, weights = _twelve_steps(tmp_path, "optim.tanh_gelu", on)
+        assert trainer.policy.tanh_gelu is on
+        assert (len(calls) >= 12 * 2) is on  # two blocks a rescoring
+        runs[on] = (records, weights)
+    _same_up_to_rounding(runs[True], runs[False])
