@@ -564,6 +564,17 @@ def gelu(args: argparse.Namespace) -> None:
     _step_sides(args, trainer, ("kept slope", "torch's kernels"), choose)
 
 
+def attention(args: argparse.Namespace) -> None:
+    """The rescoring's attention by ``adapters/lm/prompt_attention.py`` against torch's SDPA,
+    alternating in one trainer."""
+    trainer = _loss_trainer(args)
+
+    def choose(side: str) -> None:
+        trainer.policy.prompt_attention = side == "by tokens"
+
+    _step_sides(args, trainer, ("by tokens", "torch's SDPA"), choose)
+
+
 def _step_sides(
     args: argparse.Namespace, trainer: Any, sides: tuple[str, str], choose: Callable[[str], None]
 ) -> None:
@@ -654,7 +665,7 @@ def _loss_trainer(args: argparse.Namespace) -> Any:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     modes = ["profile", "ab", "floor", "copies", "decode", "grammar", "one-call", "sizes"]
-    modes += ["adamw", "gelu", "interleave", "serve"]
+    modes += ["adamw", "gelu", "attention", "interleave", "serve"]
     parser.add_argument("mode", choices=modes)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
@@ -689,6 +700,8 @@ def main() -> None:
         adamw(args)
     elif args.mode == "gelu":
         gelu(args)
+    elif args.mode == "attention":
+        attention(args)
     elif args.mode == "sizes":
         sizes(args)
     elif args.mode == "serve":

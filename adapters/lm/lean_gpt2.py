@@ -46,6 +46,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from raptb.adapters.lm.prompt_attention import prompt_attention
 from raptb.adapters.lm.row_prompts import left_padded
 from raptb.adapters.lm.tanh_gelu import applies, tanh_gelu
 
@@ -176,12 +177,17 @@ def prompt_logits_and_past(
 
 
 def shared_prompt_logits(
-    model: torch.nn.Module, prompt_ids: Sequence[int], body: torch.Tensor, kept_slope: bool = True
+    model: torch.nn.Module,
+    prompt_ids: Sequence[int],
+    body: torch.Tensor,
+    kept_slope: bool = True,
+    by_tokens: bool = True,
 ) -> torch.Tensor:
     """Logits [B, T + 1, V] of B rows that share the prompt ``prompt_ids`` (P ids, positions 0..P-1)
     followed by each row's tokens ``body`` [B, T] (positions P..P+T-1): column 0 after the prompt
     (the first action's, the same for every row), column t + 1 after the row's t + 1 tokens.
-    ``kept_slope``: as ``forward``'s."""
+    ``kept_slope``: as ``forward``'s. ``by_tokens``: with gradients on a CPU in float32, the
+    attention by ``prompt_attention`` (the same function, Numba loops over the tokens)."""
     transformer = model.transformer
     config = model.config
     heads = config.n_head
@@ -197,8 +203,17 @@ def shared_prompt_logits(
     # a row's query t sees the prompt and its own tokens up to t
     mask = (steps[seen:, None] >= steps[None, :])[None, None]
     h = transformer.wte(ids) + transformer.wpe(positions)
+    tokens = by_tokens and h.requires_grad and h.dtype == torch.float32 and h.device.type == "cpu"
     for block in transformer.h:
         attention = block.attn
+        if tokens:
+            # c_attn's output and c_proj's input transposed ([3 W, N], [W, N]) by the products
+            x = _layer_norm(block.ln_1, h)
+            qkv = torch.addmm(attention.c_attn.bias[:, None], attention.c_attn.weight.t(), x.t())
+            y = prompt_attention(qkv, seen, batch, heads, scale)
+            h = h + torch.addmm(attention.c_proj.bias, y.t(), attention.c_proj.weight)
+            h = h + _mlp(block, h, kept_slope)
+            continue
         q, k, v = _conv1d(attention.c_attn, _layer_norm(block.ln_1, h)).split(
             attention.split_size, dim=1
         )

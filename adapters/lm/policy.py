@@ -133,6 +133,10 @@ class HFPolicy:
         self.tanh_gelu = True
         """Whether the lean forward's rescoring computes the tanh GELU by ``adapters.lm.tanh_gelu``
         (the same function, its derivative kept from the forward) on a CPU; off only to compare."""
+        self.prompt_attention = True
+        """Whether the lean forward's rescoring of rows that share a prompt computes attention by
+        ``adapters.lm.prompt_attention`` (the same function, loops over the tokens) on a CPU; off
+        only to compare."""
         self.one_call = True
         """Whether the ONNX path runs a rollout without a grammar or with an automaton's table
         in one call of its ``rollout`` graph (``onnx_rollout``: the same rollouts); off only
@@ -345,7 +349,9 @@ class HFPolicy:
         """Logits [B, T+1, V] after each row's prompt and its tokens ``body`` [B, T], by
         ``lean_gpt2`` (a prompt shared by every row computed once, in the rows' own pass)."""
         if body.shape[1] and all(row == rows[0] for row in rows):
-            return lean_gpt2.shared_prompt_logits(model, rows[0], body, self.tanh_gelu)
+            return lean_gpt2.shared_prompt_logits(
+                model, rows[0], body, self.tanh_gelu, self.prompt_attention
+            )
         first, past, following, key_mask = lean_gpt2.prompt_logits_and_past(
             model, rows, self.pad_id, self.device, self.tanh_gelu
         )

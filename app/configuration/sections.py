@@ -157,6 +157,15 @@ class OptimConfig(Section):
         "up to float rounding (benchmarks/step_speed.md). False: torch's GELU kernels, for "
         "comparison.",
     )
+    prompt_attention: bool = Field(
+        True,
+        description="On a CPU, the teacher-forced rescoring's attention over rows that share "
+        "one prompt (the embedded model's) by adapters/lm/prompt_attention.py: compiled loops "
+        "over the tokens instead of torch's attention kernel over every row with the prompt's "
+        "keys and values copied to it (the step 1.1-1.2x), the same function up to float "
+        "rounding (benchmarks/step_speed.md). False: torch's scaled-dot-product attention, for "
+        "comparison.",
+    )
 
 
 class DistributedConfig(Section):

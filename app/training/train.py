@@ -168,6 +168,7 @@ class Trainer:
             load_model_weights(self.policy.model, checkpoint)  # before sharding, if any
         self.policy.merge_copies = config.optim.merge_copies
         self.policy.tanh_gelu = config.optim.tanh_gelu
+        self.policy.prompt_attention = config.optim.prompt_attention
         sharding = self.dist.sharding
         if config.optim.gradient_checkpointing or (sharding and sharding.activation_checkpointing):
             self.policy.enable_activation_checkpointing()  # before sharding, if any

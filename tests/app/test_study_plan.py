@@ -246,6 +246,7 @@ def test_shipped_studies_plan(study):
         "merge_copies.toml": {20, 21, 22, 23, 24},
         "fused_update.toml": {25, 26, 27, 28, 29},
         "tanh_gelu.toml": {30, 31, 32, 33, 34},
+        "prompt_attention.toml": {35, 36, 37, 38, 39},
     }.get(study.name)
     assert {r.seed for r in runs} == set(spec.seeds) == (want or {0, 1, 2})
     result = CliRunner().invoke(app, ["study", str(study), "--dry-run"])

@@ -483,3 +483,24 @@ def test_the_kept_slope_gelu_trains_like_torchs_kernels(tmp_path: Path, monkeypa
         assert (len(calls) >= 12 * 2) is on  # two blocks a rescoring
         runs[on] = (records, weights)
     _same_up_to_rounding(runs[True], runs[False])
+
+
+def test_the_attention_by_tokens_trains_like_torchs_kernel(tmp_path: Path, monkeypatch) -> None:
+    """``optim.prompt_attention`` reaches the policy (its rescoring's attention by
+    adapters/lm/prompt_attention.py, else torch's SDPA), and the main job's first steps log the
+    same records up to float rounding."""
+    from raptb.adapters.lm import lean_gpt2
+
+    calls = []
+    by_tokens = lean_gpt2.prompt_attention
+    monkeypatch.setattr(
+        lean_gpt2, "prompt_attention", lambda *args: calls.append(1) or by_tokens(*args)
+    )
+    runs = {}
+    for on in (True, False):
+        calls.clear()
+        trainer, records, weights = _twelve_steps(tmp_path, "optim.prompt_attention", on)
+        assert trainer.policy.prompt_attention is on
+        assert (len(calls) >= 12 * 2) is on  # two blocks a rescoring
+        runs[on] = (records, weights)
+    _same_up_to_rounding(runs[True], runs[False])
