@@ -21,7 +21,7 @@ Usage (from the repository root):
     python benchmarks/step_speed.py copies [--phases 30 1000 2500 --steps 200 --loss grpo]
     python benchmarks/step_speed.py decode [--phases 30 1000 2500 --steps 200 --loss grpo \
         --task commongen]
-    python benchmarks/step_speed.py gelu [--phases 30 1000 --steps 200]
+    python benchmarks/step_speed.py gelu|attention [--phases 30 1000 --steps 200]
     python benchmarks/step_speed.py sizes [--rounds 5 --threads 1]
     python benchmarks/step_speed.py interleave --base-python /work/venv-base/bin/python \
         --base-root /work/wt-base [--threads 1 --warmup 30 --blocks 40 --block 10]
@@ -42,11 +42,12 @@ another loss than the main job's RapTB (a GFlowNet loss with SubM, an RL one as 
 it), ``--task`` another task than Expr24. ``decode`` is ``copies`` for the rollout's path: each
 column in one ONNX Runtime call (``HFPolicy.decode`` "onnx", adapters/lm/onnx_rollout.py, the
 default on the CPU) against torch's operations ("eager"), with the rollout's own median
-milliseconds (its ``RolloutTimings``) beside the step's; ``grammar``, ``one-call``, ``adamw``
-and ``gelu`` alternate two settings of the same kind in one trainer (the rollout's masks from the
-task's automaton or from xgrammar; the rollout in one ONNX Runtime call or a call per column;
-AdamW's fused or foreach update; the rescoring's tanh GELU by ``adapters/lm/tanh_gelu.py`` or by
-torch's kernels). ``sizes`` times one rollout through ONNX
+milliseconds (its ``RolloutTimings``) beside the step's; ``grammar``, ``one-call``, ``adamw``,
+``gelu`` and ``attention`` alternate two settings of the same kind in one trainer (the rollout's
+masks from the task's automaton or from xgrammar; the rollout in one ONNX Runtime call or a call
+per column; AdamW's fused or foreach update; the rescoring's tanh GELU by
+``adapters/lm/tanh_gelu.py`` or by torch's kernels; its attention by
+``adapters/lm/prompt_attention.py`` or by torch's SDPA). ``sizes`` times one rollout through ONNX
 and eagerly for GPT-2 models of growing size (``SIZES``), the two alternating ``--rounds`` times.
 ``interleave`` is ``ab`` without the fresh processes: one worker process per side (``serve``)
 builds its trainer and takes ``--warmup`` steps, then the two take turns at ``--block`` steps for
@@ -553,26 +554,24 @@ def adamw(args: argparse.Namespace) -> None:
     _step_sides(args, trainer, ("fused", "foreach"), choose)
 
 
-def gelu(args: argparse.Namespace) -> None:
-    """The rescoring's activation by ``adapters/lm/tanh_gelu.py`` against torch's GELU kernels,
-    alternating in one trainer."""
+POLICY_SWITCHES = {
+    "gelu": ("tanh_gelu", ("kept slope", "torch's kernels")),
+    "attention": ("prompt_attention", ("by tokens", "torch's SDPA")),
+}
+"""Modes that switch one ``HFPolicy`` attribute between True (the first side) and False: the
+rescoring's tanh GELU by ``adapters/lm/tanh_gelu.py`` against torch's GELU kernels, its attention
+by ``adapters/lm/prompt_attention.py`` against torch's SDPA."""
+
+
+def policy_switch(args: argparse.Namespace) -> None:
+    """A ``POLICY_SWITCHES`` mode: its two sides alternating in one trainer."""
+    attribute, sides = POLICY_SWITCHES[args.mode]
     trainer = _loss_trainer(args)
 
     def choose(side: str) -> None:
-        trainer.policy.tanh_gelu = side == "kept slope"
+        setattr(trainer.policy, attribute, side == sides[0])
 
-    _step_sides(args, trainer, ("kept slope", "torch's kernels"), choose)
-
-
-def attention(args: argparse.Namespace) -> None:
-    """The rescoring's attention by ``adapters/lm/prompt_attention.py`` against torch's SDPA,
-    alternating in one trainer."""
-    trainer = _loss_trainer(args)
-
-    def choose(side: str) -> None:
-        trainer.policy.prompt_attention = side == "by tokens"
-
-    _step_sides(args, trainer, ("by tokens", "torch's SDPA"), choose)
+    _step_sides(args, trainer, sides, choose)
 
 
 def _step_sides(
@@ -665,7 +664,7 @@ def _loss_trainer(args: argparse.Namespace) -> Any:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     modes = ["profile", "ab", "floor", "copies", "decode", "grammar", "one-call", "sizes"]
-    modes += ["adamw", "gelu", "attention", "interleave", "serve"]
+    modes += ["adamw", *POLICY_SWITCHES, "interleave", "serve"]
     parser.add_argument("mode", choices=modes)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
@@ -698,10 +697,8 @@ def main() -> None:
         one_call(args)
     elif args.mode == "adamw":
         adamw(args)
-    elif args.mode == "gelu":
-        gelu(args)
-    elif args.mode == "attention":
-        attention(args)
+    elif args.mode in POLICY_SWITCHES:
+        policy_switch(args)
     elif args.mode == "sizes":
         sizes(args)
     elif args.mode == "serve":

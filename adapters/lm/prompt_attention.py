@@ -38,6 +38,38 @@ _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 _MASKED = np.float32(-50.0)  # exp(-50) ~ 2e-22: a normal float, fast; its probability is set to 0
 
 
+@nb.njit(cache=True, inline="always")
+def _sizes(qkv: np.ndarray, heads: int, keys: int, prompt: int) -> tuple[int, int, int, int]:
+    """Tokens N, head width, model width W and own keys T of qkv^T [3 W, N] with L keys."""
+    dim = qkv.shape[0] // 3 // heads
+    return qkv.shape[1], dim, heads * dim, keys - prompt
+
+
+@nb.njit(cache=True, inline="always")
+def _sees(at: np.ndarray, n: int, j: int, prompt: int) -> bool:
+    """Whether query n sees key j: a prompt key j < P if n is a row's token or j <= n; own key
+    j = P + o if n is a row's token at least o into its row."""
+    return (at[n] >= 0 or j <= n) if j < prompt else at[n] >= j - prompt
+
+
+@nb.njit(cache=True, inline="always")
+def _add_scaled(out: np.ndarray, a: np.ndarray, c: np.float32) -> None:
+    """out += a c over the tokens (a prompt key's or value's column, c its entry)."""
+    for n in range(out.shape[0]):
+        out[n] += a[n] * c
+
+
+@nb.njit(cache=True, inline="always")
+def _add_shifted(out: np.ndarray, a: np.ndarray, b: np.ndarray, o: int) -> None:
+    """out[n] += a[n] b[n - o] for n >= o: query n's own key or value o tokens back."""
+    size = out.shape[0] - o
+    outs = out[o:]
+    as_ = a[o:]
+    bs = b[:size]
+    for i in range(size):
+        outs[i] += as_[i] * bs[i]
+
+
 @nb.njit(cache=True, fastmath=_FASTMATH)
 def _scores(
     qkv: np.ndarray, prompt: int, heads: int, scale: np.float32, at: np.ndarray, s: np.ndarray
@@ -45,12 +77,10 @@ def _scores(
     """s [H, L, N] = each head's scaled scores minus the query's largest (``_MASKED`` where the
     query does not see the key); ``at`` [N]: a row token's position in its row, -1 for the
     prompt's."""
+    n_tok, dim, width, own = _sizes(qkv, heads, s.shape[1], prompt)
     keys = s.shape[1]
-    n_tok = qkv.shape[1]
-    dim = qkv.shape[0] // 3 // heads
-    width = heads * dim
-    own = keys - prompt
     top = np.empty(n_tok, np.float32)
+    scaled = np.empty(n_tok, np.float32)
     for h in range(heads):
         for j in range(keys):
             s[h, j, :] = 0.0
@@ -58,22 +88,16 @@ def _scores(
             q = qkv[h * dim + d]
             k = qkv[width + h * dim + d]
             for j in range(prompt):
-                kj = k[j] * scale
-                row = s[h, j]
-                for n in range(n_tok):
-                    row[n] += q[n] * kj
+                _add_scaled(s[h, j], q, k[j] * scale)
+            for n in range(n_tok):
+                scaled[n] = q[n] * scale
             for o in range(own):
-                row = s[h, prompt + o][o:]
-                qs = q[o:]
-                ks = k[: n_tok - o]
-                for i in range(n_tok - o):
-                    row[i] += qs[i] * ks[i] * scale
+                _add_shifted(s[h, prompt + o], scaled, k, o)
         top[:] = -np.inf
         for j in range(keys):
             row = s[h, j]
             for n in range(n_tok):
-                seen = (at[n] >= 0 or j <= n) if j < prompt else at[n] >= j - prompt
-                if not seen:
+                if not _sees(at, n, j, prompt):
                     row[n] = -np.inf
                 top[n] = max(top[n], row[n])
         for j in range(keys):
@@ -88,19 +112,15 @@ def _mix(
 ) -> None:
     """p [H, L, N]: the exponentials, made the probabilities in place (0 where not seen);
     y [W, N] = the heads' outputs."""
+    n_tok, dim, width, own = _sizes(qkv, heads, p.shape[1], prompt)
     keys = p.shape[1]
-    n_tok = qkv.shape[1]
-    dim = qkv.shape[0] // 3 // heads
-    width = heads * dim
-    own = keys - prompt
     total = np.empty(n_tok, np.float32)
     for h in range(heads):
         total[:] = 0.0
         for j in range(keys):
             row = p[h, j]
             for n in range(n_tok):
-                seen = (at[n] >= 0 or j <= n) if j < prompt else at[n] >= j - prompt
-                e = row[n] if seen else np.float32(0.0)
+                e = row[n] if _sees(at, n, j, prompt) else np.float32(0.0)
                 row[n] = e
                 total[n] += e
         for n in range(n_tok):
@@ -114,16 +134,9 @@ def _mix(
             v = qkv[2 * width + h * dim + d]
             out[:] = 0.0
             for j in range(prompt):
-                vj = v[j]
-                row = p[h, j]
-                for n in range(n_tok):
-                    out[n] += row[n] * vj
+                _add_scaled(out, p[h, j], v[j])
             for o in range(own):
-                row = p[h, prompt + o][o:]
-                vs = v[: n_tok - o]
-                outs = out[o:]
-                for i in range(n_tok - o):
-                    outs[i] += row[i] * vs[i]
+                _add_shifted(out, p[h, prompt + o], v, o)
 
 
 @nb.njit(cache=True, fastmath=_FASTMATH)
@@ -138,11 +151,8 @@ def _backward(
     dqkv: np.ndarray,
 ) -> None:
     """dqkv [3 W, N] from dy [W, N] (module docstring); ds [L, N] scratch."""
+    n_tok, dim, width, own = _sizes(qkv, heads, p.shape[1], prompt)
     keys = p.shape[1]
-    n_tok = qkv.shape[1]
-    dim = qkv.shape[0] // 3 // heads
-    width = heads * dim
-    own = keys - prompt
     delta = np.empty(n_tok, np.float32)
     dqkv[:, :] = 0.0
     for h in range(heads):
@@ -152,16 +162,9 @@ def _backward(
             g = dy[h * dim + d]
             v = qkv[2 * width + h * dim + d]
             for j in range(prompt):
-                vj = v[j]
-                row = ds[j]
-                for n in range(n_tok):
-                    row[n] += g[n] * vj
+                _add_scaled(ds[j], g, v[j])
             for o in range(own):
-                row = ds[prompt + o][o:]
-                gs = g[o:]
-                vs = v[: n_tok - o]
-                for i in range(n_tok - o):
-                    row[i] += gs[i] * vs[i]
+                _add_shifted(ds[prompt + o], g, v, o)
         delta[:] = 0.0
         for j in range(keys):
             pj = p[h, j]
@@ -182,10 +185,7 @@ def _backward(
             dv = dqkv[2 * width + h * dim + d]
             # one store per loop: LLVM vectorises a loop it can prove free of overlaps
             for j in range(prompt):
-                row = ds[j]
-                kj = k[j]
-                for n in range(n_tok):
-                    dq[n] += row[n] * kj
+                _add_scaled(dq, ds[j], k[j])
             for j in range(prompt):
                 row = ds[j]
                 total = np.float32(0.0)
@@ -199,11 +199,7 @@ def _backward(
                     total += pj[n] * g[n]
                 dv[j] += total
             for o in range(own):
-                row = ds[prompt + o][o:]
-                ks = k[: n_tok - o]
-                dqs = dq[o:]
-                for i in range(n_tok - o):
-                    dqs[i] += row[i] * ks[i]
+                _add_shifted(dq, ds[prompt + o], k, o)
             for o in range(own):
                 row = ds[prompt + o][o:]
                 qs = q[o:]

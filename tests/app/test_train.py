@@ -466,41 +466,29 @@ def test_the_fused_update_trains_like_the_multi_tensor_one(tmp_path: Path) -> No
     _same_up_to_rounding(runs[True], runs[False])
 
 
-def test_the_kept_slope_gelu_trains_like_torchs_kernels(tmp_path: Path, monkeypatch) -> None:
-    """``optim.tanh_gelu`` reaches the policy (its rescoring's GELU by adapters/lm/tanh_gelu.py,
-    else torch's kernels), and the main job's first steps log the same records up to float
-    rounding."""
+@pytest.mark.parametrize(
+    ("knob", "attribute", "function"),
+    [
+        ("optim.tanh_gelu", "tanh_gelu", "tanh_gelu"),
+        ("optim.prompt_attention", "prompt_attention", "prompt_attention"),
+    ],
+)
+def test_the_rescorings_own_kernels_train_like_torchs(
+    tmp_path: Path, monkeypatch, knob: str, attribute: str, function: str
+) -> None:
+    """``optim.tanh_gelu`` and ``optim.prompt_attention`` reach the policy (its rescoring's GELU
+    by adapters/lm/tanh_gelu.py, its attention by adapters/lm/prompt_attention.py, else torch's
+    kernels), and the main job's first steps log the same records up to float rounding."""
     from raptb.adapters.lm import lean_gpt2
 
     calls = []
-    kept = lean_gpt2.tanh_gelu
-    monkeypatch.setattr(lean_gpt2, "tanh_gelu", lambda x: calls.append(1) or kept(x))
+    kernel = getattr(lean_gpt2, function)
+    monkeypatch.setattr(lean_gpt2, function, lambda *args: calls.append(1) or kernel(*args))
     runs = {}
     for on in (True, False):
         calls.clear()
-        trainer, records, weights = _twelve_steps(tmp_path, "optim.tanh_gelu", on)
-        assert trainer.policy.tanh_gelu is on
-        assert (len(calls) >= 12 * 2) is on  # two blocks a rescoring
-        runs[on] = (records, weights)
-    _same_up_to_rounding(runs[True], runs[False])
-
-
-def test_the_attention_by_tokens_trains_like_torchs_kernel(tmp_path: Path, monkeypatch) -> None:
-    """``optim.prompt_attention`` reaches the policy (its rescoring's attention by
-    adapters/lm/prompt_attention.py, else torch's SDPA), and the main job's first steps log the
-    same records up to float rounding."""
-    from raptb.adapters.lm import lean_gpt2
-
-    calls = []
-    by_tokens = lean_gpt2.prompt_attention
-    monkeypatch.setattr(
-        lean_gpt2, "prompt_attention", lambda *args: calls.append(1) or by_tokens(*args)
-    )
-    runs = {}
-    for on in (True, False):
-        calls.clear()
-        trainer, records, weights = _twelve_steps(tmp_path, "optim.prompt_attention", on)
-        assert trainer.policy.prompt_attention is on
+        trainer, records, weights = _twelve_steps(tmp_path, knob, on)
+        assert getattr(trainer.policy, attribute) is on
         assert (len(calls) >= 12 * 2) is on  # two blocks a rescoring
         runs[on] = (records, weights)
     _same_up_to_rounding(runs[True], runs[False])
