@@ -31,7 +31,9 @@ Three uses, each where a forward over one shared prompt would repeat it for ever
   rescoring forward of 97 rows: 5.8 against 6.3 ms on one CPU core; its backward the same).
 
 The tanh GELU of a forward with gradients on a CPU is ``tanh_gelu``'s (the same function, its
-derivative kept from the forward: 2-3% of the main job's step), unless ``kept_slope`` is False.
+derivative kept from the forward: 2-3% of the main job's step), unless ``kept_slope`` is False;
+the attention of ``shared_prompt_logits`` with gradients on a CPU is ``prompt_attention``'s (the
+same function as loops over the tokens: 10-19% of the step), unless ``by_tokens`` is False.
 
 ``supports(model)`` says when it applies: a ``GPT2LMHeadModel`` (not wrapped by peft) of
 self-attention blocks without dropout (so training and evaluation modes compute the same),
