@@ -28,11 +28,15 @@ import os
 import tempfile
 import tomllib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 
 from raptb.app.parent_death import LAUNCHER_PID_ENV
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 OUTCOME_ENV = "RAPTB_LAUNCH_OUTCOME"
 SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
@@ -163,6 +167,18 @@ def launch_command(ctx: typer.Context) -> None:
                 os.environ[name] = value
 
 
+def failed_rank(exc: ChildFailedError) -> tuple[int, ProcessFailure]:
+    """The rank to name for a ``ChildFailedError`` and its ``ProcessFailure``: torch's first
+    failure (the launcher stops the others after it), unless a rank was killed by a signal while
+    another exited by itself in the same moment (a peer that found it gone, whose error file
+    torch dates earlier than the kill it observes): then the killed rank, the cause."""
+    rank, failure = exc.get_first_failure()
+    killed = sorted((r, f) for r, f in exc.failures.items() if f.exitcode < 0)
+    if failure.exitcode > 0 and killed:
+        return killed[0]
+    return rank, failure
+
+
 def _launch(options: list[str], command: list[str]) -> None:
     """launch_command's body, with its environment restored by the caller."""
     from accelerate.commands.launch import launch_command as accelerate_launch
@@ -213,7 +229,7 @@ def _launch(options: list[str], command: list[str]) -> None:
                 code = 2
             raise typer.Exit(code) from None
         except ChildFailedError as exc:
-            rank, failure = exc.get_first_failure()  # (the launcher kills the others after it)
+            rank, failure = failed_rank(exc)
             if failure.exitcode > 0:
                 line = _read(_handed(outcome, rank))
                 if line:

@@ -213,3 +213,25 @@ def test_a_dead_peer_in_a_collective_is_a_peer_failure_not_an_internal_error():
     code, line = describe(DistBackendError("[gloo] Connection closed by peer [127.0.0.1]:1234"))
     assert code == 2 and line.startswith("a peer process died or stopped answering"), line
     assert "continue with --resume" in line
+
+
+def test_the_launcher_names_the_killed_rank_when_a_peer_exits_in_the_same_moment(tmp_path):
+    """torch's first failure is the one with the earlier time; a peer that found the killed rank
+    gone wrote its error file before the launcher saw the kill, so torch names the peer. The
+    launcher names the killed rank, the cause; with no rank killed, torch's first failure."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from raptb.app.distribution.launch import failed_rank
+
+    error_file = tmp_path / "error.json"
+    error_file.write_text(json.dumps({"message": {"message": "peer gone", "extraInfo": {
+        "py_callstack": "", "timestamp": "1"}}}))  # fmt: skip
+    peer = ProcessFailure(local_rank=0, pid=100, exitcode=2, error_file=str(error_file))
+    killed = ProcessFailure(local_rank=1, pid=101, exitcode=-9, error_file=str(tmp_path / "none"))
+    both = ChildFailedError("raptb", {0: peer, 1: killed})
+    assert both.get_first_failure()[0] == 0  # torch's choice: the peer, dated 1 s after the epoch
+    assert failed_rank(both) == (1, killed)
+    alone = ChildFailedError("raptb", {0: peer})
+    assert failed_rank(alone) == (0, peer)
+    other = ProcessFailure(local_rank=1, pid=102, exitcode=1, error_file=str(tmp_path / "none"))
+    assert failed_rank(ChildFailedError("raptb", {0: peer, 1: other}))[0] == 0
