@@ -58,7 +58,7 @@ import torch
 import torch.distributed as dist
 
 from raptb.app.configuration.sections import DistributedConfig
-from raptb.app.distribution.peer_failure import PeerFailure
+from raptb.app.distribution.peer_failure import PEER_GONE, PeerFailure
 from raptb.app.distribution.sharding import ShardingPlan, is_sharded, plan_from_accelerate
 
 T = TypeVar("T")
@@ -255,7 +255,7 @@ def _peer_failure_line(entered: int, exc: RuntimeError) -> str:
     what = (
         "did not answer within distributed.timeout"
         if "timed out" in text or "timeout" in text
-        else "died or closed its connection"
+        else PEER_GONE
     )
     return (
         f"{who} {what} (seen by rank {rank} at collective {entered}{note}): the process "

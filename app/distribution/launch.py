@@ -27,12 +27,14 @@ import math
 import os
 import tempfile
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 
+from raptb.app.distribution.peer_failure import PEER_GONE
 from raptb.app.parent_death import LAUNCHER_PID_ENV
 
 if TYPE_CHECKING:
@@ -167,14 +169,17 @@ def launch_command(ctx: typer.Context) -> None:
                 os.environ[name] = value
 
 
-def failed_rank(exc: ChildFailedError) -> tuple[int, ProcessFailure]:
+def failed_rank(
+    exc: ChildFailedError, line_of: Callable[[int], str | None]
+) -> tuple[int, ProcessFailure]:
     """The rank to name for a ``ChildFailedError`` and its ``ProcessFailure``: torch's first
-    failure (the launcher stops the others after it), unless a rank was killed by a signal while
-    another exited by itself in the same moment (a peer that found it gone, whose error file
-    torch dates earlier than the kill it observes): then the killed rank, the cause."""
+    failure (the launcher stops the others after it), unless that rank exited by itself saying a
+    peer's connection closed (``line_of(rank)``, its line) while a rank was killed by a signal in
+    the same moment: torch dates the peer's error file earlier than the kill it observes, but the
+    killed rank is the cause."""
     rank, failure = exc.get_first_failure()
     killed = sorted((r, f) for r, f in exc.failures.items() if f.exitcode < 0)
-    if failure.exitcode > 0 and killed:
+    if failure.exitcode > 0 and killed and PEER_GONE in (line_of(rank) or ""):
         return killed[0]
     return rank, failure
 
@@ -229,7 +234,7 @@ def _launch(options: list[str], command: list[str]) -> None:
                 code = 2
             raise typer.Exit(code) from None
         except ChildFailedError as exc:
-            rank, failure = failed_rank(exc)
+            rank, failure = failed_rank(exc, lambda r: _read(_handed(outcome, r)))
             if failure.exitcode > 0:
                 line = _read(_handed(outcome, rank))
                 if line:

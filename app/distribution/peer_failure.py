@@ -6,6 +6,11 @@ can name it without importing the distributed machinery.
 
 from __future__ import annotations
 
+PEER_GONE = "died or closed its connection"
+"""What a rank's line says of a peer whose connection closed under a collective (it died or was
+killed, rather than stopped or slow): the launcher then names the killed rank instead
+(``raptb.app.distribution.launch.failed_rank``)."""
+
 
 class PeerFailure(RuntimeError):
     """A collective failed: another process died, stopped or did not answer in time."""

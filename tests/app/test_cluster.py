@@ -218,10 +218,13 @@ def test_a_dead_peer_in_a_collective_is_a_peer_failure_not_an_internal_error():
 def test_the_launcher_names_the_killed_rank_when_a_peer_exits_in_the_same_moment(tmp_path):
     """torch's first failure is the one with the earlier time; a peer that found the killed rank
     gone wrote its error file before the launcher saw the kill, so torch names the peer. The
-    launcher names the killed rank, the cause; with no rank killed, torch's first failure."""
+    launcher names the killed rank, the cause, when the peer's line says its connection closed;
+    otherwise (a peer that timed out on a stopped rank, a rank's own error, the launcher's
+    SIGTERM to the others after it) torch's first failure."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
     from raptb.app.distribution.launch import failed_rank
+    from raptb.app.distribution.peer_failure import PEER_GONE
 
     error_file = tmp_path / "error.json"
     error_file.write_text(json.dumps({"message": {"message": "peer gone", "extraInfo": {
@@ -230,8 +233,8 @@ def test_the_launcher_names_the_killed_rank_when_a_peer_exits_in_the_same_moment
     killed = ProcessFailure(local_rank=1, pid=101, exitcode=-9, error_file=str(tmp_path / "none"))
     both = ChildFailedError("raptb", {0: peer, 1: killed})
     assert both.get_first_failure()[0] == 0  # torch's choice: the peer, dated 1 s after the epoch
-    assert failed_rank(both) == (1, killed)
-    alone = ChildFailedError("raptb", {0: peer})
-    assert failed_rank(alone) == (0, peer)
-    other = ProcessFailure(local_rank=1, pid=102, exitcode=1, error_file=str(tmp_path / "none"))
-    assert failed_rank(ChildFailedError("raptb", {0: peer, 1: other}))[0] == 0
+    gone = {0: f"rank 1 {PEER_GONE} (seen by rank 0 at collective 7): ..."}
+    assert failed_rank(both, gone.get) == (1, killed)
+    for line in ("rank 1 did not answer within distributed.timeout ...", "optim.batch_size ..."):
+        assert failed_rank(both, {0: line}.get) == (0, peer)
+    assert failed_rank(ChildFailedError("raptb", {0: peer}), gone.get) == (0, peer)
