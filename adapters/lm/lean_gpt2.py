@@ -178,6 +178,32 @@ def prompt_logits_and_past(
     return last, past, following, key_mask
 
 
+def _split_attention(
+    attention: torch.nn.Module,
+    x: torch.Tensor,
+    seen: int,
+    batch: int,
+    heads: int,
+    scale: float,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """``shared_prompt_logits``' attention by torch's SDPA: the heads' outputs [N, W] of the
+    prompt's ``seen`` tokens (causal) and the ``batch`` rows after it (the prompt's keys and
+    values broadcast to each row's own, under ``mask``) from the block's input ``x`` [N, W]."""
+    width = (x.shape[0] - seen) // batch
+    q, k, v = _conv1d(attention.c_attn, x).split(attention.split_size, dim=1)
+    # [1, H, P, D] for the prompt, [B, H, T, D] for the rows
+    qp, kp, vp = (t[:seen].view(1, seen, heads, -1).transpose(1, 2) for t in (q, k, v))
+    qb, kb, vb = (t[seen:].view(batch, width, heads, -1).transpose(1, 2) for t in (q, k, v))
+    yp = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale)
+    kb = torch.cat([kp.expand(batch, -1, -1, -1), kb], dim=2)
+    vb = torch.cat([vp.expand(batch, -1, -1, -1), vb], dim=2)
+    yb = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale)
+    return torch.cat(
+        [yp.transpose(1, 2).reshape(seen, -1), yb.transpose(1, 2).reshape(-1, x.shape[1])]
+    )
+
+
 def shared_prompt_logits(
     model: torch.nn.Module,
     prompt_ids: Sequence[int],
@@ -202,34 +228,21 @@ def shared_prompt_logits(
     ids = torch.cat([prompt, body.reshape(-1)])
     steps = torch.arange(seen + width, device=device)
     positions = torch.cat([steps[:seen], steps[seen:].repeat(batch)])
-    # a row's query t sees the prompt and its own tokens up to t
-    mask = (steps[seen:, None] >= steps[None, :])[None, None]
     h = transformer.wte(ids) + transformer.wpe(positions)
     tokens = by_tokens and h.requires_grad and h.dtype == torch.float32 and h.device.type == "cpu"
+    # else: a row's query t sees the prompt and its own tokens up to t
+    mask = None if tokens else (steps[seen:, None] >= steps[None, :])[None, None]
     for block in transformer.h:
         attention = block.attn
+        x = _layer_norm(block.ln_1, h)
         if tokens:
             # c_attn's output and c_proj's input transposed ([3 W, N], [W, N]) by the products
-            x = _layer_norm(block.ln_1, h)
             qkv = torch.addmm(attention.c_attn.bias[:, None], attention.c_attn.weight.t(), x.t())
             y = prompt_attention(qkv, seen, batch, heads, scale)
             h = h + torch.addmm(attention.c_proj.bias, y.t(), attention.c_proj.weight)
-            h = h + _mlp(block, h, kept_slope)
-            continue
-        q, k, v = _conv1d(attention.c_attn, _layer_norm(block.ln_1, h)).split(
-            attention.split_size, dim=1
-        )
-        # [1, H, P, D] for the prompt, [B, H, T, D] for the rows
-        qp, kp, vp = (t[:seen].view(1, seen, heads, -1).transpose(1, 2) for t in (q, k, v))
-        qb, kb, vb = (t[seen:].view(batch, width, heads, -1).transpose(1, 2) for t in (q, k, v))
-        yp = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale)
-        kb = torch.cat([kp.expand(batch, -1, -1, -1), kb], dim=2)
-        vb = torch.cat([vp.expand(batch, -1, -1, -1), vb], dim=2)
-        yb = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale)
-        y = torch.cat(
-            [yp.transpose(1, 2).reshape(seen, -1), yb.transpose(1, 2).reshape(-1, h.shape[1])]
-        )
-        h = h + _conv1d(attention.c_proj, y)
+        else:
+            y = _split_attention(attention, x, seen, batch, heads, scale, mask)
+            h = h + _conv1d(attention.c_proj, y)
         h = h + _mlp(block, h, kept_slope)
     # only the prompt's last token and the rows' tokens are read out
     h = _layer_norm(transformer.ln_f, h[seen - 1 :])

@@ -235,9 +235,9 @@ class _PromptAttention(torch.autograd.Function):
         qkv = qkv_t.detach().contiguous()
         n_tok = qkv.shape[1]
         width = qkv.shape[0] // 3
-        at = token_positions(prompt, rows, (n_tok - prompt) // rows)
-        keys = prompt + (n_tok - prompt) // rows
-        probs = torch.empty(heads, keys, n_tok)
+        length = (n_tok - prompt) // rows
+        at = token_positions(prompt, rows, length)
+        probs = torch.empty(heads, prompt + length, n_tok)
         out = torch.empty(width, n_tok)
         _scores(qkv.numpy(), prompt, heads, np.float32(scale), at, probs.numpy())
         torch.exp_(probs)
