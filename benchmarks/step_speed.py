@@ -21,7 +21,7 @@ Usage (from the repository root):
     python benchmarks/step_speed.py copies [--phases 30 1000 2500 --steps 200 --loss grpo]
     python benchmarks/step_speed.py decode [--phases 30 1000 2500 --steps 200 --loss grpo \
         --task commongen]
-    python benchmarks/step_speed.py gelu|attention [--phases 30 1000 --steps 200]
+    python benchmarks/step_speed.py gelu|attention|rollout [--phases 30 1000 --steps 200]
     python benchmarks/step_speed.py sizes [--rounds 5 --threads 1]
     python benchmarks/step_speed.py interleave --base-python /work/venv-base/bin/python \
         --base-root /work/wt-base [--threads 1 --warmup 30 --blocks 40 --block 10]
@@ -43,12 +43,14 @@ it), ``--task`` another task than Expr24. ``decode`` is ``copies`` for the rollo
 column in one ONNX Runtime call (``HFPolicy.decode`` "onnx", adapters/lm/onnx_rollout.py, the
 default on the CPU) against torch's operations ("eager"), with the rollout's own median
 milliseconds (its ``RolloutTimings``) beside the step's; ``grammar``, ``one-call``, ``adamw``,
-``gelu`` and ``attention`` alternate two settings of the same kind in one trainer (the rollout's
-masks from the task's automaton or from xgrammar; the rollout in one ONNX Runtime call or a call
-per column; AdamW's fused or foreach update; the rescoring's tanh GELU by
+``gelu``, ``attention`` and ``rollout`` alternate two settings of the same kind in one trainer
+(the rollout's masks from the task's automaton or from xgrammar; the rollout in one ONNX Runtime
+call or a call per column; AdamW's fused or foreach update; the rescoring's tanh GELU by
 ``adapters/lm/tanh_gelu.py`` or by torch's kernels; its attention by
-``adapters/lm/prompt_attention.py`` or by torch's SDPA). ``sizes`` times one rollout through ONNX
-and eagerly for GPT-2 models of growing size (``SIZES``), the two alternating ``--rounds`` times.
+``adapters/lm/prompt_attention.py`` or by torch's SDPA; the one-call rollout by
+``adapters/lm/compiled_rollout.py`` or by ONNX Runtime's graph). ``sizes`` times one rollout
+through ONNX and eagerly for GPT-2 models of growing size (``SIZES``), the two alternating
+``--rounds`` times.
 ``interleave`` is ``ab`` without the fresh processes: one worker process per side (``serve``)
 builds its trainer and takes ``--warmup`` steps, then the two take turns at ``--block`` steps for
 ``--blocks`` turns each, the side waiting blocked on its pipe (no CPU), the order alternating turn
@@ -557,10 +559,12 @@ def adamw(args: argparse.Namespace) -> None:
 POLICY_SWITCHES = {
     "gelu": ("tanh_gelu", ("kept slope", "torch's kernels")),
     "attention": ("prompt_attention", ("by tokens", "torch's SDPA")),
+    "rollout": ("compiled_rollout", ("compiled loop", "ONNX Runtime's graph")),
 }
 """Modes that switch one ``HFPolicy`` attribute between True (the first side) and False: the
 rescoring's tanh GELU by ``adapters/lm/tanh_gelu.py`` against torch's GELU kernels, its attention
-by ``adapters/lm/prompt_attention.py`` against torch's SDPA."""
+by ``adapters/lm/prompt_attention.py`` against torch's SDPA, the one-call rollout by
+``adapters/lm/compiled_rollout.py`` against ONNX Runtime's graph."""
 
 
 def policy_switch(args: argparse.Namespace) -> None:

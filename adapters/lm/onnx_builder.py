@@ -46,28 +46,28 @@ class ModelShape:
     """The MLP's activation, one of ``ACTIVATIONS``' values."""
 
 
+BLOCK_PARTS = (
+    "ln_1.weight",
+    "ln_1.bias",
+    "attn.c_attn.weight",
+    "attn.c_attn.bias",
+    "attn.c_proj.weight",
+    "attn.c_proj.bias",
+    "ln_2.weight",
+    "ln_2.bias",
+    "mlp.c_fc.weight",
+    "mlp.c_fc.bias",
+    "mlp.c_proj.weight",
+    "mlp.c_proj.bias",
+)
+"""A block's parameters, by their names under ``transformer.h.{layer}.``, in the graph's order."""
+
+
 def weight_names(shape: ModelShape) -> list[str]:
     """The graph's weight inputs, named as ``GPT2LMHeadModel.named_parameters`` names them."""
     names = ["transformer.wte.weight", "transformer.wpe.weight"]
     for layer in range(shape.n_layer):
-        block = f"transformer.h.{layer}."
-        names += [
-            block + part
-            for part in (
-                "ln_1.weight",
-                "ln_1.bias",
-                "attn.c_attn.weight",
-                "attn.c_attn.bias",
-                "attn.c_proj.weight",
-                "attn.c_proj.bias",
-                "ln_2.weight",
-                "ln_2.bias",
-                "mlp.c_fc.weight",
-                "mlp.c_fc.bias",
-                "mlp.c_proj.weight",
-                "mlp.c_proj.bias",
-            )
-        ]
+        names += [f"transformer.h.{layer}.{part}" for part in BLOCK_PARTS]
     return [*names, "transformer.ln_f.weight", "transformer.ln_f.bias", "lm_head.weight"]
 
 

@@ -18,8 +18,10 @@ after the prompt is one call of the ``rollout`` graph (``onnx_graph.rollout_grap
 in an ONNX ``Loop``, the mask rules and the table inside it), its noise drawn for every column
 beforehand from the generator as the column loop draws it and the generator put back to where
 the columns used stop. The same rows and generator state as the call per column; in the main job
-the rollout 1.33-1.40x faster (``benchmarks/step_speed.md``). xgrammar's matchers keep the call per
-column.
+the rollout 1.33-1.40x faster (``benchmarks/step_speed.md``). That call is, by default
+(``policy.compiled_rollout``), the same loop compiled by Numba (``compiled_rollout``: no node
+dispatch, the embedded model's rollout about 2x faster again) rather than ONNX Runtime's graph.
+xgrammar's matchers keep the call per column.
 
 ``usable(model)`` says when it applies (with ``lean_gpt2.supports``), ``preferred(model)`` when
 ``decode = "auto"`` takes it (small models: ``AUTO_MAX_PARAMETERS``); ``"eager"`` keeps the torch
@@ -36,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from raptb.adapters.lm import lean_gpt2
+from raptb.adapters.lm import compiled_rollout, lean_gpt2
 from raptb.adapters.lm.grammar import GrammarBatch
 from raptb.adapters.lm.onnx_builder import ACTIVATIONS, weight_names
 from raptb.adapters.lm.onnx_graph import ColumnShape, rollout_graph, sample_graph, step_graph
@@ -302,9 +304,11 @@ def _one_call(
         "columns": np.array(big_t, dtype=np.int64),
         "pad": np.array(policy.pad_id, dtype=np.int64),
     }
-    last_stop, last_active, *scanned = rollout_session(shape, torch.get_num_threads()).run(
-        None, feeds
-    )
+    if policy.compiled_rollout:
+        outputs = compiled_rollout.run(feeds, shape)
+    else:
+        outputs = rollout_session(shape, torch.get_num_threads()).run(None, feeds)
+    last_stop, last_active, *scanned = outputs
     model_s = time.perf_counter() - start
     step_tokens, token_lp, stop_lp, log_norm, active, moves = scanned
     used = len(step_tokens)  # columns drawn: the loop stops after one where no row moved

@@ -141,6 +141,10 @@ class HFPolicy:
         """Whether the ONNX path runs a rollout without a grammar or with an automaton's table
         in one call of its ``rollout`` graph (``onnx_rollout``: the same rollouts); off only
         to compare."""
+        self.compiled_rollout = True
+        """Whether that one call is ``adapters.lm.compiled_rollout``'s compiled loop (the same
+        function, about 2x faster on the embedded model) rather than ONNX Runtime's graph; off
+        only to compare."""
         self.step_together: Callable[[bool], bool] | None = None
         """For a model sharded across processes (whose forwards are collectives): called once per
         rollout step with whether this process's rows have all stopped, it returns whether every

@@ -111,11 +111,12 @@ class _LeanDecoder:
 class RolloutPolicy(DecodingPolicy, Protocol):
     """What the rollout needs of ``raptb.adapters.lm.policy.HFPolicy`` (which calls this module, so
     it is named by its shape rather than imported): the static path's needs, the resolved decoding
-    path, the lock-step hook of a sharded model (None otherwise), and whether the ONNX path may
-    run a rollout in one call."""
+    path, the lock-step hook of a sharded model (None otherwise), whether the ONNX path may run a
+    rollout in one call and whether that call is the compiled loop."""
 
     step_together: Callable[[bool], bool] | None
     one_call: bool
+    compiled_rollout: bool
 
     @property
     def decode_path(self) -> str: ...

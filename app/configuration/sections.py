@@ -166,6 +166,15 @@ class OptimConfig(Section):
         "rounding (benchmarks/step_speed.md). False: torch's scaled-dot-product attention, for "
         "comparison.",
     )
+    compiled_rollout: bool = Field(
+        True,
+        description="On the onnx decoding path, a rollout without a grammar or with a task's "
+        "automaton runs as one compiled Numba loop (adapters/lm/compiled_rollout.py: the draw and "
+        "GPT-2's forward of the rows still going, column by column) instead of one ONNX Runtime "
+        "call of its graph (about 120 nodes a column, each mostly dispatch): the same function up "
+        "to float rounding, the embedded model's rollout about 2x faster "
+        "(benchmarks/step_speed.md). False: ONNX Runtime's graph, for comparison.",
+    )
 
 
 class DistributedConfig(Section):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from raptb.adapters.lm import lean_gpt2, onnx_rollout
+from raptb.adapters.lm import compiled_rollout, lean_gpt2, onnx_rollout
 from raptb.adapters.lm.lora import apply_lora
 from raptb.adapters.lm.onnx_builder import weight_names
 from raptb.adapters.lm.policy import HFPolicy
@@ -274,26 +274,31 @@ ONE_CALL_CASES = [
 ]
 
 
+@pytest.mark.parametrize("engine", ["compiled loop", "graph"])
 @pytest.mark.parametrize(("bounds", "min_length", "max_length", "per_row"), ONE_CALL_CASES)
 def test_one_call_equals_the_column_loop(
     bounds: tuple[int, int] | None,
     min_length: int,
     max_length: int,
     per_row: bool,
+    engine: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The rollout in one call of the ``rollout`` graph (no grammar, or an automaton's table)
-    against the call per column (held to the reference loop above): the same rows and lengths,
-    log-probabilities within float rounding, the generator left in the same state."""
+    """The rollout in one call (no grammar, or an automaton's table), by the compiled loop
+    (adapters/lm/compiled_rollout.py) or by ONNX Runtime's ``rollout`` graph, against the call
+    per column (held to the reference loop above): the same rows and lengths, log-probabilities
+    within float rounding, the generator left in the same state."""
     grammar = None if bounds is None else expr24_grammar(*bounds)
     policy = perturbed_policy(grammar, seed=3)
     policy.automaton = None if bounds is None else Expr24Automaton(*bounds)
     policy.decode = "onnx"
-    calls = []
-    one_call = onnx_rollout._one_call
+    policy.compiled_rollout = engine == "compiled loop"
+    calls, compiled = [], []
+    one_call, run = onnx_rollout._one_call, compiled_rollout.run
     monkeypatch.setattr(
         onnx_rollout, "_one_call", lambda *a, **k: calls.append(1) or one_call(*a, **k)
     )
+    monkeypatch.setattr(compiled_rollout, "run", lambda *a: compiled.append(1) or run(*a))
     prompts = [PROMPT, "Hi:"] * 12  # prompts of two lengths, left-padded together
     temperature = torch.linspace(0.7, 1.6, 24) if per_row else 1.3
     rollouts, states = [], []
@@ -305,14 +310,16 @@ def test_one_call_equals_the_column_loop(
         rollouts.append(sample)
         states.append(gen.get_state())
     assert len(calls) == 1  # the first side took the one call, the second did not
+    assert len(compiled) == policy.compiled_rollout  # by the engine asked for
     whole, columns = rollouts
     assert whole.rows == columns.rows and whole.texts == columns.texts
     assert torch.equal(whole.length, columns.length)
     assert len(set(whole.length.tolist())) > 1
     if bounds == (3, 5):
         assert int(whole.length.max()) <= 5 < max_length
-    assert torch.allclose(whole.log_pf, columns.log_pf, rtol=0, atol=1e-6)
-    assert torch.allclose(whole.log_pterm, columns.log_pterm, rtol=0, atol=1e-6)
+    atol = TOLERANCE if policy.compiled_rollout else 1e-6  # (the graph: ONNX Runtime's kernels)
+    assert torch.allclose(whole.log_pf, columns.log_pf, rtol=0, atol=atol)
+    assert torch.allclose(whole.log_pterm, columns.log_pterm, rtol=0, atol=atol)
     assert bool(torch.all((whole.log_pterm == 0) == (columns.log_pterm == 0)))
     assert torch.equal(states[0], states[1])
 
