@@ -247,6 +247,7 @@ def test_shipped_studies_plan(study):
         "fused_update.toml": {25, 26, 27, 28, 29},
         "tanh_gelu.toml": {30, 31, 32, 33, 34},
         "prompt_attention.toml": {35, 36, 37, 38, 39},
+        "compiled_rollout.toml": {40, 41, 42, 43, 44},
     }.get(study.name)
     assert {r.seed for r in runs} == set(spec.seeds) == (want or {0, 1, 2})
     result = CliRunner().invoke(app, ["study", str(study), "--dry-run"])
