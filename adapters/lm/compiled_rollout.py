@@ -256,6 +256,30 @@ def _forward(
 
 
 @nb.njit(**_JIT)
+def _shared_prompt(
+    model: tuple, prompt_ids: np.ndarray, cache: tuple, work: tuple, logits: np.ndarray
+) -> None:
+    """The prompt every row shares, once: GPT-2's forward of its P tokens one slot at a time
+    (each over the slots before, as a causal pass computes it) into row 0 of the ``cache``'s
+    keys and values, then its slots copied to every row, and its last logits into each row of
+    ``logits`` [n, V]."""
+    keys, values = cache
+    one, token, position = np.zeros(1, np.int64), np.empty(1, np.int64), np.empty(1, np.int64)
+    unpadded = np.zeros((1, 0), np.float32)
+    last = logits[:1]
+    for j in range(prompt_ids.shape[0]):
+        token[0], position[0] = prompt_ids[j], j
+        last = _forward(model, (token[:1], position[:1], one[:1]), keys, values, unpadded, j, work)
+    prompt = prompt_ids.shape[0]
+    for layer in range(keys.shape[0]):
+        for i in range(1, keys.shape[1]):
+            keys[layer, i, :, :, :prompt] = keys[layer, 0, :, :, :prompt]
+            values[layer, i, :, :prompt, :] = values[layer, 0, :, :prompt, :]
+    for i in range(logits.shape[0]):
+        logits[i] = last[0]
+
+
+@nb.njit(**_JIT)
 def _columns(
     model: tuple,
     cache: tuple,
@@ -328,7 +352,9 @@ def _columns(
 def run(feeds: dict[str, np.ndarray], shape: ColumnShape) -> list[np.ndarray]:
     """The ``rollout`` graph's outputs (``onnx_graph.rollout_graph``, in its order: last stop
     log-probability, last active, then the scans tokens, token_lp, stop_lp, log_norm, active,
-    moves) for its feeds, computed by the compiled loop."""
+    moves) for its feeds, computed by the compiled loop. Instead of the prompt's ``logits`` and
+    ``past_k{l}``, ``past_v{l}``, ``feeds`` may give ``prompt_ids`` [P], one prompt every row
+    shares (``positions`` then P, ``key_bias`` [n, P] of 0): its forward runs here, once."""
     layers = range(shape.n_layer)
     blocks = tuple(
         np.stack([feeds[f"transformer.h.{layer}.{part}"] for layer in layers])
@@ -344,26 +370,31 @@ def run(feeds: dict[str, np.ndarray], shape: ColumnShape) -> list[np.ndarray]:
         np.float32(shape.eps),
         _KINDS[shape.activation],
     )
-    n, vocab = feeds["logits"].shape
-    columns = int(feeds["columns"])
-    past_k = np.stack([feeds[f"past_k{layer}"] for layer in layers])  # [L, n, H, P, D]
-    prompt = past_k.shape[3]
-    # the keys transposed ([L, n, H, D, S]: a score is an axpy over the slots), the values not
-    keys = np.zeros((*past_k.shape[:3], past_k.shape[4], prompt + columns), np.float32)
-    keys[..., :prompt] = past_k.transpose(0, 1, 2, 4, 3)
-    values = np.zeros((*past_k.shape[:3], prompt + columns, past_k.shape[4]), np.float32)
-    for layer in layers:
-        values[layer, :, :, :prompt] = feeds[f"past_v{layer}"]
+    n, vocab, columns = len(feeds["positions"]), shape.vocab, int(feeds["columns"])
     width, inner = shape.n_embd, shape.n_inner
+    shared = feeds.get("prompt_ids")
+    prompt = len(shared) if shared is not None else feeds["past_k0"].shape[2]
     work = (
         *(np.empty((n, size), np.float32) for size in (width, width, 3 * width, width, width)),
         np.empty((n, inner), np.float32),
         np.empty((n, vocab), np.float32),
         np.empty(prompt + columns, np.float32),
     )
+    # the keys transposed ([L, n, H, D, S]: a score is an axpy over the slots), the values not
+    heads, dim = shape.n_head, width // shape.n_head
+    keys = np.zeros((shape.n_layer, n, heads, dim, prompt + columns), np.float32)
+    values = np.zeros((shape.n_layer, n, heads, prompt + columns, dim), np.float32)
+    if shared is not None:
+        logits = np.empty((n, vocab), np.float32)
+        _shared_prompt(model, np.asarray(shared, np.int64), (keys, values), work, logits)
+    else:
+        logits = feeds["logits"].copy()
+        for layer in layers:
+            keys[layer, ..., :prompt] = feeds[f"past_k{layer}"].transpose(0, 1, 3, 2)
+            values[layer, :, :, :prompt] = feeds[f"past_v{layer}"]
     sub_ids = np.array(shape.sub_ids, dtype=np.int64)
     rollout = (
-        feeds["logits"].copy(),
+        logits,
         np.ascontiguousarray(feeds["key_bias"]),
         feeds["positions"],
         feeds["temperature"],

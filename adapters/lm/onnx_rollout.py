@@ -153,6 +153,10 @@ def onnx_rollout(
     shape = column_shape(model, sub_ids.tolist())
     sample, step = sessions(shape, torch.get_num_threads())
     temp = row_temperatures(temperature, n).numpy()[:, None]
+    grammar = policy.grammar_batch(n)
+    one_call = policy.one_call and not isinstance(grammar, GrammarBatch)
+    # one prompt for all rows, and the compiled loop: it runs the prompt's forward itself, once
+    own_prompt = one_call and policy.compiled_rollout and len(set(map(tuple, prompt_rows))) == 1
     with torch.inference_mode():
         tic = time.perf_counter()
         # the parameters' own memory: the graph sees the optimizer's in-place updates (one walk
@@ -162,22 +166,27 @@ def onnx_rollout(
         feeds: dict[str, np.ndarray] = {
             name: params[name].detach().numpy() for name in weight_names(shape)
         }
-        logits, past, position, key_mask = lean_gpt2.prompt_logits_and_past(
-            model, prompt_rows, policy.pad_id, policy.device
-        )
-        # 0 where a query may look, -inf on the pads; a column's own 0 added as it is computed
-        key_bias = np.zeros((n, past[0][0].shape[2]), dtype=np.float32)
-        if key_mask is not None:
-            key_bias[~key_mask.numpy()] = -np.inf
-        first = {"logits": logits.contiguous().numpy()}
-        for layer, (keys, values) in enumerate(past):
-            feeds[f"past_k{layer}"] = keys.expand(n, -1, -1, -1).contiguous().numpy()
-            feeds[f"past_v{layer}"] = values.expand(n, -1, -1, -1).contiguous().numpy()
-        positions = position[:, 0].contiguous().numpy().copy()
+        if not own_prompt:
+            logits, past, position, key_mask = lean_gpt2.prompt_logits_and_past(
+                model, prompt_rows, policy.pad_id, policy.device
+            )
+            # 0 where a query may look, -inf on the pads; a column's own 0 added as it is
+            # computed
+            key_bias = np.zeros((n, past[0][0].shape[2]), dtype=np.float32)
+            if key_mask is not None:
+                key_bias[~key_mask.numpy()] = -np.inf
+            first = {"logits": logits.contiguous().numpy()}
+            for layer, (keys, values) in enumerate(past):
+                feeds[f"past_k{layer}"] = keys.expand(n, -1, -1, -1).contiguous().numpy()
+                feeds[f"past_v{layer}"] = values.expand(n, -1, -1, -1).contiguous().numpy()
+            positions = position[:, 0].contiguous().numpy().copy()
         model_s = time.perf_counter() - tic
-    grammar = policy.grammar_batch(n)
-    if policy.one_call and not isinstance(grammar, GrammarBatch):
-        feeds |= {"logits": first["logits"], "temperature": temp}
+    if own_prompt:
+        first = {"prompt_ids": np.array(prompt_rows[0], dtype=np.int64)}
+        key_bias = np.zeros((n, len(prompt_rows[0])), dtype=np.float32)
+        positions = np.full(n, len(prompt_rows[0]), dtype=np.int64)
+    if one_call:
+        feeds |= first | {"temperature": temp}
         feeds |= _table_feeds(grammar, shape.width)
         return _one_call(
             policy, feeds, key_bias, positions, shape, (n, min_length, big_t), generator, start

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raptb.adapters.lm import compiled_rollout, onnx_rollout
+from raptb.adapters.lm.kv_cache import cache_keyword, returned_cache
 from raptb.adapters.lm.onnx_builder import ACTIVATIONS, weight_shapes
 from raptb.adapters.lm.onnx_graph import ColumnShape, rollout_graph
 
@@ -144,3 +145,58 @@ def test_a_rollout_that_runs_every_column_reads_the_last_stop() -> None:
     assert mine[1].all() and len(mine[2]) == 6
     assert_same_rollout(mine, graph)
     assert np.all(mine[0] < 0)  # a log-probability, read for every row
+
+
+HF_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
+
+
+def transformers_prompt(
+    shape: ColumnShape, feeds: dict[str, np.ndarray], prompt_ids: list[int], n: int
+) -> dict[str, np.ndarray]:
+    """The prompt's last logits and keys and values for ``n`` rows by transformers' own
+    GPT2LMHeadModel with ``feeds``' weights (untied head), as the graph takes them."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=shape.vocab, bos_token_id=0, eos_token_id=0, n_positions=shape.positions,
+        n_embd=shape.n_embd, n_layer=shape.n_layer, n_head=shape.n_head, n_inner=shape.n_inner,
+        activation_function=HF_ACTIVATIONS[shape.activation], layer_norm_epsilon=shape.eps,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=False,
+    )  # fmt: skip
+    model = GPT2LMHeadModel(config).eval()
+    state = {name: torch.from_numpy(feeds[name]) for name in weight_shapes(shape)}
+    model.load_state_dict(state, strict=False)
+    with torch.no_grad():
+        out = model(torch.tensor([prompt_ids]), use_cache=True)
+    cache = returned_cache(out, cache_keyword(model))
+    prompt = {"logits": out.logits[0, -1].expand(n, -1).contiguous().numpy()}
+    for layer in range(shape.n_layer):
+        if hasattr(cache, "layers"):  # transformers 5's cache
+            keys, values = cache.layers[layer].keys, cache.layers[layer].values
+        else:
+            keys, values = cache[layer][:2]
+        prompt[f"past_k{layer}"] = keys.expand(n, -1, -1, -1).contiguous().numpy()
+        prompt[f"past_v{layer}"] = values.expand(n, -1, -1, -1).contiguous().numpy()
+    return prompt
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_a_shared_prompt_runs_in_the_loop_as_transformers_runs_it(
+    case: tuple[ColumnShape, dict[str, int], int],
+) -> None:
+    """``prompt_ids`` (one prompt for every row, its forward computed by the loop, one slot at a
+    time) against the graph given that prompt's logits and keys and values by transformers'
+    GPT2LMHeadModel of the same weights: the same rollout."""
+    shape, sizes, seed = case
+    feeds = random_feeds(shape, sizes, seed)
+    n, prompt = sizes["rows"], sizes["prompt"]
+    prompt_ids = np.random.default_rng(seed).integers(0, shape.vocab, size=prompt).tolist()
+    for name in ("logits", *(f"past_{kv}{layer}" for layer in range(shape.n_layer) for kv in "kv")):
+        del feeds[name]
+    feeds["key_bias"] = np.zeros((n, prompt), dtype=np.float32)
+    feeds["positions"] = np.full(n, prompt, dtype=np.int64)
+    mine = compiled_rollout.run(feeds | {"prompt_ids": np.array(prompt_ids)}, shape)
+    graph = graph_outputs(shape, feeds | transformers_prompt(shape, feeds, prompt_ids, n))
+    assert_same_rollout(mine, graph)

@@ -274,6 +274,7 @@ ONE_CALL_CASES = [
 ]
 
 
+@pytest.mark.parametrize("prompts", ["two lengths", "shared"])
 @pytest.mark.parametrize("engine", ["compiled loop", "graph"])
 @pytest.mark.parametrize(("bounds", "min_length", "max_length", "per_row"), ONE_CALL_CASES)
 def test_one_call_equals_the_column_loop(
@@ -282,12 +283,14 @@ def test_one_call_equals_the_column_loop(
     max_length: int,
     per_row: bool,
     engine: str,
+    prompts: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The rollout in one call (no grammar, or an automaton's table), by the compiled loop
-    (adapters/lm/compiled_rollout.py) or by ONNX Runtime's ``rollout`` graph, against the call
-    per column (held to the reference loop above): the same rows and lengths, log-probabilities
-    within float rounding, the generator left in the same state."""
+    (adapters/lm/compiled_rollout.py; a prompt all rows share computed inside it) or by ONNX
+    Runtime's ``rollout`` graph, against the call per column (held to the reference loop above):
+    the same rows and lengths, log-probabilities within float rounding, the generator left in the
+    same state."""
     grammar = None if bounds is None else expr24_grammar(*bounds)
     policy = perturbed_policy(grammar, seed=3)
     policy.automaton = None if bounds is None else Expr24Automaton(*bounds)
@@ -298,19 +301,23 @@ def test_one_call_equals_the_column_loop(
     monkeypatch.setattr(
         onnx_rollout, "_one_call", lambda *a, **k: calls.append(1) or one_call(*a, **k)
     )
-    monkeypatch.setattr(compiled_rollout, "run", lambda *a: compiled.append(1) or run(*a))
-    prompts = [PROMPT, "Hi:"] * 12  # prompts of two lengths, left-padded together
+    monkeypatch.setattr(
+        compiled_rollout, "run", lambda *a: compiled.append("prompt_ids" in a[0]) or run(*a)
+    )
+    # prompts of two lengths, left-padded together; or one for all
+    rows = [PROMPT, "Hi:"] * 12 if prompts == "two lengths" else [PROMPT] * 24
     temperature = torch.linspace(0.7, 1.6, 24) if per_row else 1.3
     rollouts, states = [], []
     for one in (True, False):
         policy.one_call = one
         gen = torch.Generator().manual_seed(7)
         lengths = {"min_length": min_length, "max_length": max_length}
-        sample = policy.sample(prompts, 24, **lengths, temperature=temperature, generator=gen)
+        sample = policy.sample(rows, 24, **lengths, temperature=temperature, generator=gen)
         rollouts.append(sample)
         states.append(gen.get_state())
     assert len(calls) == 1  # the first side took the one call, the second did not
-    assert len(compiled) == policy.compiled_rollout  # by the engine asked for
+    # by the engine asked for; the compiled loop computing a shared prompt itself
+    assert compiled == ([prompts == "shared"] if policy.compiled_rollout else [])
     whole, columns = rollouts
     assert whole.rows == columns.rows and whole.texts == columns.texts
     assert torch.equal(whole.length, columns.length)
