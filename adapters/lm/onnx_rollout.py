@@ -300,11 +300,13 @@ def _one_call(
     n, min_length, big_t = sizes
     width = shape.width
     source = torch.default_generator if generator is None else generator
-    saved = source.get_state()
-    # every column's noise as the column loop draws it; redrawn below up to the columns used
+    # every column's noise as the column loop draws it, and the generator's state after each
+    # (put back below to where the columns used leave it: a state is 5 us, a column's redraw 20)
     noise = torch.empty((big_t, n, width))
+    after = []
     for column in noise:
         column.exponential_(generator=source)
+        after.append(source.get_state())
     feeds |= {
         "key_bias": key_bias,
         "positions": positions,
@@ -321,10 +323,8 @@ def _one_call(
     model_s = time.perf_counter() - start
     step_tokens, token_lp, stop_lp, log_norm, active, moves = scanned
     used = len(step_tokens)  # columns drawn: the loop stops after one where no row moved
-    if used < big_t:
-        source.set_state(saved)
-        for _ in range(used):
-            torch.empty((n, width)).exponential_(generator=source)
+    if used < big_t:  # (the loop draws at least one column: used >= 1)
+        source.set_state(after[used - 1])
     if not np.isfinite(log_norm).all():  # as torch.multinomial refuses such a distribution
         raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
     tokens = np.full((n, big_t), policy.pad_id, dtype=np.int64)
