@@ -14,6 +14,7 @@ from raptb.core.subm.select import QuantisedSimilarity
 from raptb.core.subm.similarity import (
     ShingleJaccardSimilarity,
     TanimotoSimilarity,
+    _hash_gram,
     edit_distance,
     edit_distances,
     jaccard_matrix,
@@ -168,6 +169,33 @@ def test_jaccard_on_token_sequences_matches_python_sets(a, k):
     got = jaccard_matrix([shingle_ids(x, k) for x in a])
     want = np.array([[_ref_jaccard(x, y, k) for y in a] for x in a])
     np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def _python_shingle_ids(seq, k: int) -> np.ndarray:
+    """The shingle hashes as the module computed them before its compiled loop: each gram's
+    ``_hash_gram`` in Python integers, as int64, sorted and unique."""
+    symbols = [ord(c) for c in seq] if isinstance(seq, str) else [int(t) for t in seq]
+    if not symbols:
+        return np.empty(0, dtype=np.int64)
+    grams = (
+        [symbols]
+        if len(symbols) <= k
+        else [symbols[i : i + k] for i in range(len(symbols) - k + 1)]
+    )
+    return np.unique(np.array([_hash_gram(g) for g in grams], dtype=np.uint64).view(np.int64))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    seq=st.text(max_size=14)
+    | st.lists(st.integers(-(2**63), 2**64 - 1), max_size=12)
+    | st.lists(st.integers(0, 60), max_size=12).map(tuple),
+    k=st.integers(1, 4),
+)
+def test_shingle_ids_are_the_python_hashes(seq, k):
+    """The compiled gram hashes equal the Python ones bit for bit: strings (any code point,
+    lone surrogates included), token ids, 64-bit word hashes, negative integers."""
+    np.testing.assert_array_equal(shingle_ids(seq, k), _python_shingle_ids(seq, k))
 
 
 def test_shingle_ids_are_stable_and_sorted():
