@@ -73,6 +73,18 @@ def test_evaluator_matches_fraction_reference(expression: tuple[list[int], list[
     assert evaluate_expression(render(operands, operators)) == reference_value(operands, operators)
 
 
+@given(expressions())
+def test_the_score_is_one_exactly_at_24(expression: tuple[list[int], list[str]]) -> None:
+    """``Expr24Task.score`` (integer fractions, ``exact_value``) against the Fraction reference:
+    1 where the sentence's value is 24, 0 elsewhere, valid within the task's lengths."""
+    operands, operators = expression
+    text = render(operands, operators)
+    task = Expr24Task()
+    want = reference_value(operands, operators) == 24
+    valid = task.min_length <= len(text) <= task.max_length
+    assert task.score("Expr24:", text) == Score(float(want and valid), valid)
+
+
 @given(expressions(digits="0123456789"))
 def test_division_by_zero_is_invalid_when_zero_is_a_digit(
     expression: tuple[list[int], list[str]],

@@ -78,31 +78,43 @@ def parse_expression(text: str, digits: str = DIGITS) -> tuple[list[int], list[s
     return operands, operators
 
 
-def evaluate_expression(text: str, digits: str = DIGITS) -> Fraction | None:
-    """Exact value of the expression ``text``, or ``None`` if it does not parse or divides by 0.
+def exact_value(text: str, digits: str = DIGITS) -> tuple[int, int] | None:
+    """The value of the expression ``text`` as an unreduced fraction (numerator, denominator >
+    0) of Python integers, or ``None`` if it does not parse or divides by 0.
 
     Precedence is resolved in one left-to-right pass: ``term`` accumulates the current run of
-    ``*``/``/`` factors and is added (with its sign) to ``total`` at each ``+``/``-``.
+    ``*``/``/`` factors and is added (with its sign) to ``total`` at each ``+``/``-``. Integer
+    pairs, not ``Fraction``s: a Fraction reduces by a gcd at every operation, and the reward
+    evaluates every new prefix of every row (``Expr24Task.score``: value == 24 iff numerator ==
+    24 denominator).
     """
     parsed = parse_expression(text, digits)
     if parsed is None:
         return None
     operands, operators = parsed
-    total = Fraction(0)
+    total_num, total_den = 0, 1
     sign = 1
-    term = Fraction(operands[0])
+    term_num, term_den = operands[0], 1
     for operator, operand in zip(operators, operands[1:], strict=True):
         if operator == "*":
-            term *= operand
+            term_num *= operand
         elif operator == "/":
             if operand == 0:
                 return None
-            term /= operand
+            term_den *= operand
         else:
-            total += sign * term
+            total_num = total_num * term_den + sign * term_num * total_den
+            total_den *= term_den
             sign = 1 if operator == "+" else -1
-            term = Fraction(operand)
-    return total + sign * term
+            term_num, term_den = operand, 1
+    return total_num * term_den + sign * term_num * total_den, total_den * term_den
+
+
+def evaluate_expression(text: str, digits: str = DIGITS) -> Fraction | None:
+    """Exact value of the expression ``text``, or ``None`` if it does not parse or divides by 0
+    (``exact_value``, reduced)."""
+    value = exact_value(text, digits)
+    return None if value is None else Fraction(*value)
 
 
 def expr24_grammar(min_length: int = 3, max_length: int = 9) -> str:
@@ -189,8 +201,11 @@ class Expr24Task:
         """S(text) = 1.0 iff text is a sentence of the task grammar equal to 24 (prompt unused)."""
         value = None
         if self.min_length <= len(text) <= self.max_length:
-            value = evaluate_expression(text)
-        return _INVALID if value is None else _CORRECT if value == TARGET else _WRONG
+            value = exact_value(text)
+        if value is None:
+            return _INVALID
+        num, den = value
+        return _CORRECT if num * TARGET.denominator == den * TARGET.numerator else _WRONG
 
 
 def _digit_grid(n_operands: int) -> np.ndarray:
