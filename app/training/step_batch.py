@@ -159,10 +159,12 @@ def stored_rows(
     their stored task rewards u; oracle rows are scored like sampled ones, but are not on-policy
     (neither counted for Acc nor added to a buffer)."""
     stored_u = None
-    if replayed:
+    if replayed:  # each row's u [tau + 1] in its row's first places, in one masked write
         stored_u = np.zeros((len(items), max_length + 1))
-        for b, item in enumerate(items):
-            stored_u[b, : item.length + 1] = item.u
+        places = np.fromiter((len(item.u) for item in items), np.int64, len(items))
+        if items:
+            filled = np.arange(max_length + 1) < places[:, None]
+            stored_u[filled] = np.concatenate([item.u for item in items])
     device = policy.device
     rows = tuple(item.tokens for item in items)
     return Trajectories(

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from raptb.adapters.tasks.expr24.task import Expr24Task
-from raptb.app.reward.prefix import PrefixScorer
+from raptb.app.reward.prefix import PrefixScorer, ScoredRows
 from raptb.app.task_and_policy import build_policy, pad_rows
 from raptb.app.training.gflownet.mix_schedule import Mix
 from raptb.app.training.gflownet.replay_items import new_items, replay_items
@@ -23,6 +23,7 @@ from raptb.app.training.step_batch import (
     collect_step,
     micro_batches,
     step_prompts,
+    stored_rows,
 )
 from raptb.core.replay import make_buffer
 
@@ -151,3 +152,23 @@ def test_the_on_policy_plan_is_a_plan_without_replay_drawing_as_plan_rows_does(s
     assert np.array_equal(plan.kind, reference.kind) and (plan.kind == SAMPLED).all()
     assert np.array_equal(plan.temperature, reference.temperature)
     assert ours.random() == theirs.random()
+
+
+def test_replayed_rows_keep_their_items_u(setup) -> None:
+    """Replayed rows of different lengths: each row's stored u is its item's, in its first tau + 1
+    places, 0 after; its tokens padded with the pad id."""
+    task, policy, scorer = setup
+    prompt = task.prompts()[0]
+    texts = ["4*6", "3", "8*3+1-1", "9-1"]
+    rows = [tuple(policy.tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+    scored = scorer.score_rows(prompt, rows, task.max_length, texts)
+    u = scored.u + np.random.default_rng(0).random(scored.u.shape)  # distinct values everywhere
+    scored = ScoredRows(u=u, scores=scored.scores, s=scored.s)
+    items = replay_items(task, prompt, rows, texts, scored, range(4), scored.u)
+    stored = stored_rows(policy, prompt, items, task.max_length, replayed=True)
+    assert stored.stored_u.shape == (4, task.max_length + 1)
+    for b, row in enumerate(rows):
+        np.testing.assert_array_equal(stored.stored_u[b, : len(row) + 1], u[b, : len(row) + 1])
+        assert not stored.stored_u[b, len(row) + 1 :].any()
+    assert torch.equal(stored.tokens, pad_rows(rows, task.max_length, policy.pad_id))
+    assert stored_rows(policy, prompt, [], task.max_length, replayed=True).stored_u.shape == (0, 10)
