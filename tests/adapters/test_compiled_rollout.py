@@ -118,7 +118,7 @@ def assert_same_rollout(mine: list[np.ndarray], graph: list[np.ndarray]) -> None
         )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_the_compiled_loop_computes_the_graphs_rollout(
     case: tuple[ColumnShape, dict[str, int], int],
@@ -181,7 +181,7 @@ def transformers_prompt(
     return prompt
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_a_shared_prompt_runs_in_the_loop_as_transformers_runs_it(
     case: tuple[ColumnShape, dict[str, int], int],
