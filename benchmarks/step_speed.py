@@ -21,7 +21,7 @@ Usage (from the repository root):
     python benchmarks/step_speed.py copies [--phases 30 1000 2500 --steps 200 --loss grpo]
     python benchmarks/step_speed.py decode [--phases 30 1000 2500 --steps 200 --loss grpo \
         --task commongen]
-    python benchmarks/step_speed.py gelu|attention|rollout [--phases 30 1000 --steps 200]
+    python benchmarks/step_speed.py gelu|attention|rollout|threads [--phases 30 1000 --steps 200]
     python benchmarks/step_speed.py sizes [--rounds 5 --threads 1]
     python benchmarks/step_speed.py interleave --base-python /work/venv-base/bin/python \
         --base-root /work/wt-base [--threads 1 --warmup 30 --blocks 40 --block 10]
@@ -48,7 +48,8 @@ milliseconds (its ``RolloutTimings``) beside the step's; ``grammar``, ``one-call
 call or a call per column; AdamW's fused or foreach update; the rescoring's tanh GELU by
 ``adapters/lm/tanh_gelu.py`` or by torch's kernels; its attention by
 ``adapters/lm/prompt_attention.py`` or by torch's SDPA; the one-call rollout by
-``adapters/lm/compiled_rollout.py`` or by ONNX Runtime's graph). ``sizes`` times one rollout
+``adapters/lm/compiled_rollout.py`` or by ONNX Runtime's graph); ``threads`` the same for two
+torch threads against one. ``sizes`` times one rollout
 through ONNX and eagerly for GPT-2 models of growing size (``SIZES``), the two alternating
 ``--rounds`` times.
 ``interleave`` is ``ab`` without the fresh processes: one worker process per side (``serve``)
@@ -600,6 +601,18 @@ def _step_sides(
         )
 
 
+def threads(args: argparse.Namespace) -> None:
+    """The main job's step on two torch threads and on one (``torch.set_num_threads``),
+    alternating step by step in one trainer: whether a second thread pays."""
+    import torch
+
+    trainer = _loss_trainer(args)
+    sides = ("two threads", "one thread")
+    _step_sides(
+        args, trainer, sides, lambda side: torch.set_num_threads(2 if side == sides[0] else 1)
+    )
+
+
 SIZES = ((64, 2, None), (128, 4, None), (256, 6, None), (512, 8, None), (256, 6, 50257))
 """``sizes``' GPT-2 shapes: width, layers, vocabulary (None: the embedded model's characters)."""
 
@@ -668,7 +681,7 @@ def _loss_trainer(args: argparse.Namespace) -> Any:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     modes = ["profile", "ab", "floor", "copies", "decode", "grammar", "one-call", "sizes"]
-    modes += ["adamw", *POLICY_SWITCHES, "interleave", "serve"]
+    modes += ["adamw", *POLICY_SWITCHES, "threads", "interleave", "serve"]
     parser.add_argument("mode", choices=modes)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
@@ -703,6 +716,8 @@ def main() -> None:
         adamw(args)
     elif args.mode in POLICY_SWITCHES:
         policy_switch(args)
+    elif args.mode == "threads":
+        threads(args)
     elif args.mode == "sizes":
         sizes(args)
     elif args.mode == "serve":

@@ -94,8 +94,9 @@ class TrainConfig(Section):
     threads: Annotated[int, Field(ge=1)] | None = Field(
         None,
         description="torch CPU threads; None: torch's choice (one per core). The embedded tiny "
-        "model takes 1: a second thread does not speed its step up, and torch's threads make it "
-        "many times slower when other jobs share the cores (benchmarks/step_speed.md).",
+        "model takes 1: a second thread speeds its step up by 1.07-1.14x on idle cores, but "
+        "torch's threads make it many times slower when other jobs share the cores "
+        "(benchmarks/step_speed.md).",
     )
     time_limit: Annotated[float, Field(gt=0)] | None = Field(
         None,
