@@ -131,8 +131,15 @@ def test_standard_and_lazy_agree_and_return_distinct_indices(inst, budget, w):
     assert len(std) == min(budget, n)
 
 
+# 0 or at least 1e-6: the textbook loop's gains are differences of totals near 1, which round a
+# gain from a subnormal weight (2e-311) to 0 where the kernels' direct marginal gain keeps it
+resolved_weights = st.tuples(
+    st.one_of(st.just(0.0), st.floats(1e-6, 3.0)), st.one_of(st.just(0.0), st.floats(1e-6, 3.0))
+)
+
+
 @settings(max_examples=30, deadline=None)
-@given(inst=instances(1, 9, static_scale=2.0), budget=st.integers(1, 9), w=weights)
+@given(inst=instances(1, 9, static_scale=2.0), budget=st.integers(1, 9), w=resolved_weights)
 def test_greedy_matches_textbook_loop(inst, budget, w):
     sim, static, bins, alpha = inst
     static = static - 1.0  # some negative statics exercise the stop rule
