@@ -156,7 +156,8 @@ def onnx_rollout(
     grammar = policy.grammar_batch(n)
     one_call = policy.one_call and not isinstance(grammar, GrammarBatch)
     # one prompt for all rows, and the compiled loop: it runs the prompt's forward itself, once
-    own_prompt = one_call and policy.compiled_rollout and len(set(map(tuple, prompt_rows))) == 1
+    shared = all(row == prompt_rows[0] for row in prompt_rows)
+    own_prompt = one_call and policy.compiled_rollout and shared
     with torch.inference_mode():
         tic = time.perf_counter()
         # the parameters' own memory: the graph sees the optimizer's in-place updates (one walk

@@ -122,20 +122,11 @@ def pack_bits(bits: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(packed).view("<u8").astype(np.uint64, copy=False)
 
 
-def _hash_gram(symbols: Sequence[int]) -> int:
-    # FNV-1a over whole symbols, then a splitmix64 finaliser so nearby grams spread over 64 bits.
-    h = 0xCBF29CE484222325
-    for s in symbols:
-        h = ((h ^ (s & _MASK64)) * 0x100000001B3) & _MASK64
-    h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return h ^ (h >> 31)
-
-
 @nb.njit(cache=True)
 def _gram_hashes(symbols: np.ndarray, k: int) -> np.ndarray:
-    """``_hash_gram`` of each k-gram of the uint64 ``symbols`` (the whole of a sequence shorter
-    than k), uint64 arithmetic wrapping as the Python masks do: as int64, sorted and unique."""
+    """The hash of each k-gram of the uint64 ``symbols`` (the whole of a sequence shorter than k):
+    FNV-1a over whole symbols, then a splitmix64 finaliser so nearby grams spread over 64 bits
+    (uint64 arithmetic, wrapping); as int64, sorted and unique."""
     n = symbols.shape[0]
     width = min(n, k)
     out = np.empty(n - width + 1, dtype=np.uint64)
@@ -164,9 +155,8 @@ def shingle_ids(seq: str | Sequence[int], k: int = 2) -> np.ndarray:
     """Sorted unique int64 hashes of the k-gram shingles of a string or token-id sequence.
 
     Strings shingle over characters, sequences over their integer elements. An empty sequence
-    has no shingles; one shorter than k is a single shingle. The hashes are ``_hash_gram``'s,
-    computed by a compiled loop (``_gram_hashes``: the main job's SubM refresh shingles its new
-    items' texts every step).
+    has no shingles; one shorter than k is a single shingle. The hashes are ``_gram_hashes``'s, a
+    compiled loop (the main job's SubM refresh shingles its new items' texts every step).
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -177,8 +167,10 @@ def shingle_ids(seq: str | Sequence[int], k: int = 2) -> np.ndarray:
 
 
 def word_symbols(text: str) -> list[int]:
-    """The words of ``text`` (lower-cased letter/digit runs) as stable 64-bit hashes, in order."""
-    return [_hash_gram([ord(c) for c in word]) for word in _WORD.findall(text.lower())]
+    """The words of ``text`` (lower-cased letter/digit runs) as stable 64-bit hashes, in order:
+    each word's characters hashed as one gram (``_gram_hashes``), unsigned."""
+    words = _WORD.findall(text.lower())
+    return [int(_gram_hashes(_symbols(word), len(word))[0]) & _MASK64 for word in words]
 
 
 def word_shingle_ids(text: str, k: int = 1) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from unittest import mock
 
 import numpy as np
@@ -14,13 +15,13 @@ from raptb.core.subm.select import QuantisedSimilarity
 from raptb.core.subm.similarity import (
     ShingleJaccardSimilarity,
     TanimotoSimilarity,
-    _hash_gram,
     edit_distance,
     edit_distances,
     jaccard_matrix,
     pack_bits,
     shingle_ids,
     tanimoto_matrix,
+    word_symbols,
 )
 from raptb.core.subm.similarity_cache import SimilarityCache
 
@@ -171,6 +172,20 @@ def test_jaccard_on_token_sequences_matches_python_sets(a, k):
     np.testing.assert_allclose(got, want, atol=1e-6)
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _hash_gram(symbols) -> int:
+    """A gram's hash as the module computed it in Python integers before its compiled loop:
+    FNV-1a over whole symbols, then a splitmix64 finaliser."""
+    h = 0xCBF29CE484222325
+    for s in symbols:
+        h = ((h ^ (s & _MASK64)) * 0x100000001B3) & _MASK64
+    h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return h ^ (h >> 31)
+
+
 def _python_shingle_ids(seq, k: int) -> np.ndarray:
     """The shingle hashes as the module computed them before its compiled loop: each gram's
     ``_hash_gram`` in Python integers, as int64, sorted and unique."""
@@ -196,6 +211,14 @@ def test_shingle_ids_are_the_python_hashes(seq, k):
     """The compiled gram hashes equal the Python ones bit for bit: strings (any code point,
     lone surrogates included), token ids, 64-bit word hashes, negative integers."""
     np.testing.assert_array_equal(shingle_ids(seq, k), _python_shingle_ids(seq, k))
+
+
+@settings(max_examples=40, deadline=None)
+@given(text=st.text(max_size=30))
+def test_word_symbols_are_the_python_hashes(text):
+    """Each word's hash, one gram of its characters, equals the Python one (unsigned)."""
+    words = re.findall(r"[a-z0-9]+(?:'[a-z0-9]+)*", text.lower())
+    assert word_symbols(text) == [_hash_gram([ord(c) for c in word]) for word in words]
 
 
 def test_shingle_ids_are_stable_and_sorted():
