@@ -561,11 +561,13 @@ POLICY_SWITCHES = {
     "gelu": ("tanh_gelu", ("kept slope", "torch's kernels")),
     "attention": ("prompt_attention", ("by tokens", "torch's SDPA")),
     "rollout": ("compiled_rollout", ("compiled loop", "ONNX Runtime's graph")),
+    "rescoring": ("compiled_rescoring", ("compiled", "torch's autograd")),
 }
 """Modes that switch one ``HFPolicy`` attribute between True (the first side) and False: the
 rescoring's tanh GELU by ``adapters/lm/tanh_gelu.py`` against torch's GELU kernels, its attention
 by ``adapters/lm/prompt_attention.py`` against torch's SDPA, the one-call rollout by
-``adapters/lm/compiled_rollout.py`` against ONNX Runtime's graph."""
+``adapters/lm/compiled_rollout.py`` against ONNX Runtime's graph, the rescoring's forward and
+backward by ``adapters/lm/compiled_rescoring.py`` against torch's operations and autograd."""
 
 
 def policy_switch(args: argparse.Namespace) -> None:

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from raptb.adapters.lm import lean_gpt2, onnx_rollout
+from raptb.adapters.lm import compiled_rescoring, lean_gpt2, onnx_rollout
 from raptb.adapters.lm.decode_mode import DecodeMode, resolve_decode
 from raptb.adapters.lm.distinct_rows import distinct_rows, stochastic_forward
 from raptb.adapters.lm.grammar import GrammarBatch
@@ -145,6 +145,10 @@ class HFPolicy:
         """Whether that one call is ``adapters.lm.compiled_rollout``'s compiled loop (the same
         function, about 2x faster on the embedded model) rather than ONNX Runtime's graph; off
         only to compare."""
+        self.compiled_rescoring = True
+        """Whether the rescoring of rows that share a prompt, on a model ``lean_gpt2`` supports,
+        runs forward and backward as ``adapters.lm.compiled_rescoring``'s compiled functions (the
+        same function up to float rounding); off only to compare."""
         self.step_together: Callable[[bool], bool] | None = None
         """For a model sharded across processes (whose forwards are collectives): called once per
         rollout step with whether this process's rows have all stopped, it returns whether every
@@ -320,12 +324,19 @@ class HFPolicy:
         token_mask = cols[None, :] < length[:, None]
         prefix_mask = torch.arange(big_t + 1, device=device)[None, :] <= length[:, None]
         hidden_states = None
+        next_tokens = torch.cat([body, torch.full_like(body[:, :1], self.stop_id)], dim=1)
+        if self._compiled_rescoring(model, rows, body, hidden or per_state is not None):
+            self.check_positions(len(rows[0]), big_t)
+            token_lp, stop_lp = compiled_rescoring.log_probs(
+                model, rows[0], body, next_tokens, self.stop_id, temperature
+            )
+            log_pf = torch.where(token_mask, token_lp[:, :big_t], 0.0)
+            return log_pf, torch.where(prefix_mask, stop_lp, 0.0)
         if rows and not hidden and self.uses_lean_gpt2(model):
             self.check_positions(max(len(row) for row in rows), big_t)
             logits = self._lean_logits(model, rows, body)
         else:
             logits, hidden_states = self._logits(model, prompt, rows, body, hidden)
-        next_tokens = torch.cat([body, torch.full_like(body[:, :1], self.stop_id)], dim=1)
         token_lp, stop_lp = token_log_probs(logits, next_tokens, self.stop_id, temperature)
         log_pf = torch.where(token_mask, token_lp[:, :big_t], 0.0)
         log_pterm = torch.where(prefix_mask, stop_lp, 0.0)
@@ -334,6 +345,23 @@ class HFPolicy:
             mask = prefix_mask.reshape(*prefix_mask.shape, *([1] * (values.ndim - 2)))
             return log_pf, log_pterm, torch.where(mask, values, 0.0)
         return (log_pf, log_pterm, hidden_states) if hidden else (log_pf, log_pterm)
+
+    def _compiled_rescoring(
+        self, model: PreTrainedModel, rows: list[list[int]], body: torch.Tensor, more: bool
+    ) -> bool:
+        """Whether ``compiled_rescoring`` scores these rows: switched on, rows that share one
+        prompt and have tokens, only the log-probabilities asked for (not ``more``: hidden
+        states or per-state values), and a model it computes."""
+        return (
+            self.compiled_rescoring
+            and not more
+            and bool(rows)
+            and bool(rows[0])
+            and body.shape[1] > 0
+            and self.uses_lean_gpt2(model)
+            and compiled_rescoring.computes(model)
+            and all(row == rows[0] for row in rows)
+        )
 
     def uses_lean_gpt2(self, model: PreTrainedModel) -> bool:
         """Whether ``model``'s forwards run through ``raptb.adapters.lm.lean_gpt2`` (a model it

@@ -175,6 +175,15 @@ class OptimConfig(Section):
         "to float rounding, the embedded model's rollout about 2x faster "
         "(benchmarks/step_speed.md). False: ONNX Runtime's graph, for comparison.",
     )
+    compiled_rescoring: bool = Field(
+        True,
+        description="On a CPU, the teacher-forced rescoring of rows that share one prompt (the "
+        "embedded model's, float32, a GPT-2 the lean forward supports) runs forward and backward "
+        "as two compiled Numba functions (adapters/lm/compiled_rescoring.py: the products by "
+        "BLAS, the rest in loops, the gradient written out) instead of torch's operations and "
+        "autograd: the same function up to float rounding, the main job's step about 1.08x "
+        "faster (benchmarks/step_speed.md). False: torch's path, for comparison.",
+    )
 
 
 class DistributedConfig(Section):

@@ -45,8 +45,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from raptb.adapters.lm.threads import use_threads
 from raptb.adapters.tasks.registry import TaskSpec, task_spec
 from raptb.app.configuration.config import TrainConfig, load_config
 from raptb.app.distribution.distributed import DistContext
@@ -142,7 +141,7 @@ def evaluate(
     if config.threads is not None:
         # the run's own thread setting: on a few shared cores a small model samples several times
         # faster on one thread than on all of them
-        torch.set_num_threads(config.threads)
+        use_threads(config.threads)
     spec = task_spec(config.task)
     task = build_task(config)
     policy = checkpoint_policy(config, checkpoint, task, device=dist.device)

@@ -24,13 +24,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from raptb.adapters.lm.exact import exact_log_probs
 from raptb.adapters.lm.policy import HFPolicy
+from raptb.adapters.lm.threads import use_threads
 from raptb.adapters.tasks.registry import TaskSpec, task_spec
 from raptb.app.configuration.config import ConfigError
 from raptb.app.evaluation.eval_run import (
@@ -121,7 +121,7 @@ def exact_evaluate(run_dir: Path, *, draws: Sequence[int] | None = None) -> dict
     run_dir = Path(run_dir)
     config, checkpoint = load_run(run_dir)
     if config.threads is not None:
-        torch.set_num_threads(config.threads)
+        use_threads(config.threads)
     task = build_task(config)
     _require_enumerable(task)  # before loading a model for nothing
     policy = checkpoint_policy(config, checkpoint, task)

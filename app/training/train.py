@@ -28,6 +28,7 @@ import torch
 from rich.console import Console
 
 from raptb.adapters.lm.lora import is_peft_model
+from raptb.adapters.lm.threads import use_threads
 from raptb.adapters.tasks.registry import task_spec
 from raptb.app.configuration.config import TrainConfig
 from raptb.app.distribution.distributed import DistContext, per_rank_batch, sampling_seed
@@ -122,7 +123,7 @@ class Trainer:
         self.console = console or Console(stderr=True)
         self.show_progress = progress
         if config.threads is not None:
-            torch.set_num_threads(config.threads)
+            use_threads(config.threads)
         # rank 0 verifies and chooses, so every rank loads the same checkpoint
         checkpoint = (
             self.dist.on_main(lambda: newest_usable(self.run_dir, self.warn)) if resume else None
@@ -170,6 +171,7 @@ class Trainer:
         self.policy.tanh_gelu = config.optim.tanh_gelu
         self.policy.prompt_attention = config.optim.prompt_attention
         self.policy.compiled_rollout = config.optim.compiled_rollout
+        self.policy.compiled_rescoring = config.optim.compiled_rescoring
         sharding = self.dist.sharding
         if config.optim.gradient_checkpointing or (sharding and sharding.activation_checkpointing):
             self.policy.enable_activation_checkpointing()  # before sharding, if any

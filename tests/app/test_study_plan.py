@@ -248,6 +248,7 @@ def test_shipped_studies_plan(study):
         "tanh_gelu.toml": {30, 31, 32, 33, 34},
         "prompt_attention.toml": {35, 36, 37, 38, 39},
         "compiled_rollout.toml": {40, 41, 42, 43, 44},
+        "compiled_rescoring.toml": {45, 46, 47, 48, 49},
     }.get(study.name)
     assert {r.seed for r in runs} == set(spec.seeds) == (want or {0, 1, 2})
     result = CliRunner().invoke(app, ["study", str(study), "--dry-run"])

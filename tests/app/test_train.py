@@ -428,11 +428,13 @@ def test_cli_time_limit_stops_with_exit_0_and_says_why(tmp_path, monkeypatch):
     assert bad.exit_code == 2 and "time_limit" in bad.output
 
 
-def _twelve_steps(tmp_path: Path, knob: str, on: bool) -> tuple[Trainer, list[dict], torch.Tensor]:
-    """The main job's first 12 steps (seed 3) with ``knob`` set to ``on``: the trainer, its
-    metrics records and its weights."""
+def _twelve_steps(
+    tmp_path: Path, knob: str, on: bool, more: dict | None = None
+) -> tuple[Trainer, list[dict], torch.Tensor]:
+    """The main job's first 12 steps (seed 3) with ``knob`` set to ``on`` (and the overrides
+    ``more``): the trainer, its metrics records and its weights."""
     overrides = {"task": "expr24", "loss": "raptb", "replay.kind": "subm", "seed": 3}
-    config = build_config(overrides=overrides | {"steps": 12, knob: on})
+    config = build_config(overrides=overrides | (more or {}) | {"steps": 12, knob: on})
     trainer = Trainer(config, tmp_path / f"{knob}-{on}", progress=False)
     trainer.train()
     lines = (tmp_path / f"{knob}-{on}" / "metrics.jsonl").read_text().splitlines()
@@ -478,7 +480,8 @@ def test_the_rescorings_own_kernels_train_like_torchs(
 ) -> None:
     """``optim.tanh_gelu`` and ``optim.prompt_attention`` reach the policy (its rescoring's GELU
     by adapters/lm/tanh_gelu.py, its attention by adapters/lm/prompt_attention.py, else torch's
-    kernels), and the main job's first steps log the same records up to float rounding."""
+    kernels), and the main job's first steps log the same records up to float rounding. (The
+    rescoring through torch: the compiled one computes both in its own loops.)"""
     from raptb.adapters.lm import lean_gpt2
 
     calls = []
@@ -487,9 +490,32 @@ def test_the_rescorings_own_kernels_train_like_torchs(
     runs = {}
     for on in (True, False):
         calls.clear()
-        trainer, records, weights = _twelve_steps(tmp_path, knob, on)
+        trainer, records, weights = _twelve_steps(
+            tmp_path, knob, on, {"optim.compiled_rescoring": False}
+        )
         assert getattr(trainer.policy, attribute) is on
         assert (len(calls) >= 12 * 2) is on  # two blocks a rescoring
+        runs[on] = (records, weights)
+    _same_up_to_rounding(runs[True], runs[False])
+
+
+def test_the_compiled_rescoring_trains_like_torchs_autograd(tmp_path: Path, monkeypatch) -> None:
+    """``optim.compiled_rescoring`` reaches the policy (its rescoring forward and backward by
+    adapters/lm/compiled_rescoring.py, else torch's operations and autograd), and the main job's
+    first steps log the same records up to float rounding."""
+    from raptb.adapters.lm import compiled_rescoring
+
+    calls = []
+    score = compiled_rescoring.log_probs
+    monkeypatch.setattr(
+        compiled_rescoring, "log_probs", lambda *args: calls.append(1) or score(*args)
+    )
+    runs = {}
+    for on in (True, False):
+        calls.clear()
+        trainer, records, weights = _twelve_steps(tmp_path, "optim.compiled_rescoring", on)
+        assert trainer.policy.compiled_rescoring is on
+        assert (len(calls) >= 12) is on  # a rescoring a step at least
         runs[on] = (records, weights)
     _same_up_to_rounding(runs[True], runs[False])
 

@@ -1,0 +1,233 @@
+"""The compiled rescoring (adapters/lm/compiled_rescoring.py) and its exponential
+(adapters/lm/vector_exp.py), held to independent references on random inputs.
+
+The rescoring's log-probabilities and every parameter's gradient are held to transformers' own
+``GPT2LMHeadModel`` forward, one row at a time (prompt then tokens, no shared pass, no lean
+forward), then ``token_log_probs``, differentiated by torch's autograd: random model shapes (1-2
+blocks, 1-3 heads, every activation the module computes, the head tied or not), every parameter
+moved off its initialisation, random prompts, rows, tokens and temperatures. Through the policy,
+the switch is held to torch's path (``HFPolicy.compiled_rescoring``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from raptb.adapters.lm import compiled_rescoring, lean_gpt2
+from raptb.adapters.lm.rollout_record import token_log_probs
+from raptb.adapters.lm.vector_exp import HIGHEST, LOWEST, exp_into
+
+ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh", "gelu", "relu", "silu")
+
+
+def random_model(seed: int, layers: int, heads: int, dim: int, vocab: int, act: str, tied: bool):
+    """A GPT-2 of the given shape with every parameter moved off its initialisation."""
+    config = GPT2Config(
+        vocab_size=vocab, n_positions=32, n_embd=heads * dim, n_layer=layers, n_head=heads,
+        n_inner=3 * heads * dim, activation_function=act, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, tie_word_embeddings=tied, bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(config).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.3 * torch.randn(param.shape, generator=generator))
+    return model
+
+
+def reference(model, prompt: list[int], body: torch.Tensor, stop: int, temperature: float):
+    """(token_lp, stop_lp) [B, T + 1] by the model's own forward, a row at a time."""
+    outs = []
+    for row in body:
+        ids = torch.tensor(prompt + row.tolist())[None]
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 :]
+        following = torch.cat([row, torch.tensor([stop])])
+        outs.append(token_log_probs(logits, following, stop, temperature))
+    return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
+
+
+def values_and_grads(model, path, weight: torch.Tensor):
+    """The log-probabilities [2, B, T + 1] of ``path`` and each parameter's gradient of
+    sum(weight * log-probabilities)."""
+    model.zero_grad(set_to_none=True)
+    both = torch.stack(path())
+    (both * weight).sum().backward()
+    return both.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**16),
+    layers=st.integers(1, 2),
+    heads=st.integers(1, 3),
+    dim=st.integers(2, 8),
+    vocab=st.integers(3, 20),
+    act=st.sampled_from(ACTIVATIONS),
+    tied=st.booleans(),
+    prompt_len=st.integers(1, 5),
+    rows=st.integers(1, 6),
+    width=st.integers(1, 6),
+    temperature=st.sampled_from([1.0, 0.7, 1.6]),
+)
+def test_values_and_gradients_equal_transformers_forward(
+    seed, layers, heads, dim, vocab, act, tied, prompt_len, rows, width, temperature
+) -> None:
+    model = random_model(seed, layers, heads, dim, vocab, act, tied)
+    assert lean_gpt2.supports(model) and compiled_rescoring.computes(model)
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(0, vocab, size=prompt_len).tolist()
+    body = torch.from_numpy(rng.integers(0, vocab, size=(rows, width)))
+    stop = int(rng.integers(0, vocab))
+    following = torch.cat([body, torch.full_like(body[:, :1], stop)], dim=1)
+    weight = torch.from_numpy(rng.standard_normal((2, rows, width + 1)).astype(np.float32))
+    ref, ref_grads = values_and_grads(
+        model, lambda: reference(model, prompt, body, stop, temperature), weight
+    )
+    got, grads = values_and_grads(
+        model,
+        lambda: compiled_rescoring.log_probs(model, prompt, body, following, stop, temperature),
+        weight,
+    )
+    assert torch.allclose(got, ref, rtol=0, atol=2e-5 * max(1.0, float(ref.abs().max())))
+    # against the largest gradient entry: a layer norm over 2 features cancels its inputs'
+    # gradients to a few 1e-5 of the rest, which float32 rounding of the rest can reach
+    scale = max(float(g.abs().max()) for g in ref_grads.values())
+    for name, expected in ref_grads.items():
+        assert torch.allclose(grads[name], expected, rtol=0, atol=2e-5 * scale), name
+
+
+def test_two_forwards_before_their_backwards_keep_their_own_activations() -> None:
+    """Each forward holds its workspace until its backward: a second forward in between (another
+    micro-batch, a reference pass) does not overwrite the first's activations; a forward without
+    gradients gives its workspace back at once."""
+    model = random_model(5, 2, 2, 4, 12, "gelu_new", True)
+    rng = np.random.default_rng(5)
+    prompt = [1, 2, 3]
+    bodies = [torch.from_numpy(rng.integers(0, 12, size=(4, 5))) for _ in range(2)]
+    following = [torch.cat([b, torch.full_like(b[:, :1], 0)], dim=1) for b in bodies]
+
+    def loss(i: int) -> torch.Tensor:
+        token_lp, stop_lp = compiled_rescoring.log_probs(model, prompt, bodies[i], following[i], 0)
+        return token_lp.sum() + 0.5 * stop_lp.sum()
+
+    expected = []
+    for i in range(2):
+        model.zero_grad(set_to_none=True)
+        loss(i).backward()
+        expected.append(model.transformer.h[0].mlp.c_fc.weight.grad.clone())
+    model.zero_grad(set_to_none=True)
+    first, second = loss(0), loss(1)
+    with torch.no_grad():
+        loss(1)
+    first.backward()
+    got_first = model.transformer.h[0].mlp.c_fc.weight.grad.clone()
+    model.zero_grad(set_to_none=True)
+    second.backward()
+    got_second = model.transformer.h[0].mlp.c_fc.weight.grad
+    assert torch.allclose(got_first, expected[0], rtol=0, atol=1e-6)
+    assert torch.allclose(got_second, expected[1], rtol=0, atol=1e-6)
+    assert not torch.allclose(expected[0], expected[1], atol=1e-3)
+
+
+def test_the_policy_scores_the_same_with_either_path() -> None:
+    """``HFPolicy.compiled_rescoring`` on and off: the same log-probabilities and gradients on the
+    embedded model (rows with copies and stops at every length), and the compiled path is the one
+    taken when on."""
+    from raptb.adapters.lm.models import load_model_and_tokenizer
+    from raptb.adapters.lm.policy import HFPolicy
+    from raptb.adapters.lm.tokens import legal_token_ids, stop_token_id
+
+    model, tokenizer = load_model_and_tokenizer("tiny", seed=2)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=torch.Generator().manual_seed(2)))
+    stop = stop_token_id(tokenizer)
+    legal = legal_token_ids(tokenizer, "123456789+-*/()", stop_id=stop)
+    policy = HFPolicy(model, tokenizer, legal_ids=legal, stop_id=stop)
+    rng = np.random.default_rng(2)
+    tokens = torch.tensor(legal)[torch.from_numpy(rng.integers(0, len(legal), size=(12, 7)))]
+    tokens[6:] = tokens[:6]  # copies
+    length = torch.from_numpy(rng.integers(0, 8, size=12))
+    calls = []
+    original = compiled_rescoring.log_probs
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    results = {}
+    for on in (True, False):
+        policy.compiled_rescoring = on
+        model.zero_grad(set_to_none=True)
+        compiled_rescoring.log_probs = spy
+        try:
+            log_pf, log_pterm = policy.score("Expr24:", tokens, length)
+        finally:
+            compiled_rescoring.log_probs = original
+        (log_pf.sum() + 0.3 * log_pterm.sum()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        results[on] = (log_pf.detach(), log_pterm.detach(), grads)
+        assert bool(calls) is on
+        calls.clear()
+    (pf_on, pt_on, g_on), (pf_off, pt_off, g_off) = results[True], results[False]
+    assert torch.allclose(pf_on, pf_off, rtol=0, atol=1e-5)
+    assert torch.allclose(pt_on, pt_off, rtol=0, atol=1e-5)
+    for name, expected in g_off.items():
+        scale = float(expected.abs().max())
+        assert torch.allclose(g_on[name], expected, rtol=0, atol=1e-4 * scale), name
+
+
+def test_models_it_does_not_compute_are_left_to_torch() -> None:
+    model = random_model(1, 1, 1, 4, 6, "gelu_new", True)
+    assert compiled_rescoring.computes(model)
+    model.config.activation_function = "tanh"
+    assert not compiled_rescoring.computes(model)
+    assert not compiled_rescoring.computes(random_model(1, 1, 1, 4, 6, "gelu", True).double())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(float(LOWEST), float(HIGHEST), width=32))
+def test_exp32_is_within_one_ulp_of_exp(x: float) -> None:
+    got = np.empty(1, np.float32)
+    exp_into(np.array([x], np.float32), got)
+    exact = np.exp(np.float64(np.float32(x)))
+    assert abs(float(got[0]) - exact) <= 1.0 * float(np.spacing(np.float32(exact)))
+
+
+def test_exp32_on_a_dense_grid_and_outside_its_range() -> None:
+    """Within 1 ulp at 100,001 points across the range; clamped, finite and positive beyond."""
+    xs = np.linspace(LOWEST, HIGHEST, 100_001).astype(np.float32)
+    got = np.empty_like(xs)
+    exp_into(xs, got)
+    exact = np.exp(xs.astype(np.float64))
+    ulps = np.abs(got - exact) / np.spacing(exact.astype(np.float32)).astype(np.float64)
+    assert ulps.max() <= 1.0
+    far = np.array([-1e30, -200.0, 200.0, 1e30], np.float32)
+    out = np.empty_like(far)
+    exp_into(far, out)
+    assert out[0] == out[1] == pytest.approx(1.1754944e-38, rel=1e-5)
+    assert np.isfinite(out).all() and out[2] == out[3] > 1e38
+
+
+def test_a_runs_thread_count_reaches_the_blas_that_compiled_code_calls() -> None:
+    """``use_threads`` limits the OpenBLAS that Numba's ``np.dot`` calls (SciPy's), not only
+    torch: left alone it starts a thread per core and keeps it spinning."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from raptb.adapters.lm.threads import use_threads
+
+    before = torch.get_num_threads()
+    with threadpool_limits(limits=2, user_api="blas"):
+        use_threads(1)
+        try:
+            blas = [pool for pool in threadpool_info() if pool["user_api"] == "blas"]
+            assert blas and all(pool["num_threads"] == 1 for pool in blas)
+            assert torch.get_num_threads() == 1
+        finally:
+            torch.set_num_threads(before)
