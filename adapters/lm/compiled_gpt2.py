@@ -1,7 +1,7 @@
 """GPT-2's forward for a rollout's running rows, as compiled Numba functions on NumPy arrays.
 
 ``compiled_rollout``'s loop calls ``forward`` once a column for the rows that moved: the layer
-norms, the products by BLAS (``np.dot``), attention per row and head over each row's keys and
+norms, the products by BLAS (``gemm.gemm``), attention per row and head over each row's keys and
 values (the prompt's slots under an additive ``key_bias``, 0 or -inf on a left-padded prompt's
 pads), the activation (the tanh GELU with ONNX Runtime's own rational tanh, MLAS's), the head.
 ``shared_prompt`` runs a prompt every row shares through it once, one slot at a time, and copies
@@ -21,6 +21,7 @@ import math
 import numba as nb
 import numpy as np
 
+from raptb.adapters.lm.gemm import gemm
 from raptb.adapters.lm.onnx_builder import BLOCK_PARTS
 from raptb.adapters.lm.onnx_graph import ColumnShape
 
@@ -102,7 +103,7 @@ def _layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float, out: np
 @nb.njit(**_JIT)
 def _affine(x: np.ndarray, w: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """out = x w + b (x [m, k], w [k, o] by BLAS)."""
-    np.dot(x, w, out)
+    gemm(x, w, out, False, False)
     for i in range(out.shape[0]):
         for j in range(out.shape[1]):
             out[i, j] += b[j]
@@ -197,7 +198,7 @@ def forward(
         _add(h, t)
     _layer_norm(h, lnf_w, lnf_b, eps, x)
     logits = logits_all[:m]
-    np.dot(x, head, logits)
+    gemm(x, head, logits, False, False)
     return logits
 
 

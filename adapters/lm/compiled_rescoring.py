@@ -10,7 +10,7 @@ operations than computing them (benchmarks/step_speed.md).
 The tokens are laid out as ``lean_gpt2.shared_prompt_logits`` lays them out (the prompt's P, then
 the B rows' T one after another: N = P + B T) and every activation is kept transposed, [features,
 N], the layout of ``prompt_attention``'s loops, which this module calls for the attention (the
-same kernels, forward and backward). Per block, with the products by BLAS (``np.dot``):
+same kernels, forward and backward). Per block, with the products by BLAS (``gemm.gemm``):
 
     x = ln_1(h);  qkv = W_a^T x + b_a;  y = attention(qkv)
     a = h + W_p^T y + b_p;  u = W_fc^T ln_2(a) + b_fc;  h' = a + W_o^T act(u) + b_o
@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from raptb.adapters.lm.compiled_gpt2 import KINDS, _add, _tanh
+from raptb.adapters.lm.gemm import gemm
 from raptb.adapters.lm.onnx_builder import ACTIVATIONS, BLOCK_PARTS
 from raptb.adapters.lm.prompt_attention import _backward as _attention_backward
 from raptb.adapters.lm.prompt_attention import _mix, _scores, token_positions
@@ -108,7 +109,7 @@ def _layer_norm_backward(
 @nb.njit(**_JIT)
 def _affine(w: np.ndarray, x: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """out = w^T x + b[:, None]: a Conv1D's (w [in, out]) output transposed, x [in, N]."""
-    np.dot(w.T, x, out)
+    gemm(w, x, out, True, False)
     for j in range(out.shape[0]):
         for i in range(out.shape[1]):
             out[j, i] += b[j]
@@ -121,13 +122,13 @@ def _affine_backward(
 ) -> None:  # fmt: skip
     """From out = w^T x + b's ``grad`` [out, N]: dw = x grad^T, db = its sum over the tokens,
     dx = w grad (each overwritten)."""
-    np.dot(x, grad.T, dw)
+    gemm(x, grad, dw, False, True)
     for j in range(grad.shape[0]):
         total = _ZERO
         for i in range(grad.shape[1]):
             total += grad[j, i]
         db[j] = total
-    np.dot(w, grad, dx)
+    gemm(w, grad, dx, False, False)
 
 
 @nb.njit(**_JIT)
@@ -218,7 +219,7 @@ def forward_pass(model: tuple, feeds: tuple, space: tuple, out: tuple) -> None:
         _add(h, a[layer])
     hf[:, :] = h[:, prompt - 1 :]
     _layer_norm(hf, lnf_w, lnf_b, eps, xhatf, rsf, z)
-    np.dot(head, z, soft)
+    gemm(head, z, soft, False, False)
     vocab, reads = soft.shape
     top = np.full(reads, -np.inf, np.float32)
     total = np.zeros(reads, np.float32)
@@ -277,8 +278,8 @@ def backward_pass(model: tuple, feeds: tuple, space: tuple, grad: tuple, grads: 
     for v in range(vocab):
         for i in range(reads):
             dlogp[v, i] = (dlogp[v, i] - soft[v, i] * total[i]) * inv_temp
-    np.dot(dlogp, z.T, d_head)
-    np.dot(head.T, dlogp, dz)
+    gemm(dlogp, z, d_head, False, True)
+    gemm(head, dlogp, dz, True, False)
     d_lnf_w[:] = 0.0
     d_lnf_b[:] = 0.0
     dhf[:, :] = 0.0
@@ -491,11 +492,21 @@ class CompiledScore(torch.autograd.Function):
         return (None, None, None, None, *(torch.from_numpy(g) for g in out))
 
 
+MAX_PARAMETERS = 2_000_000
+"""The largest model the policy scores this way: measured on the embedded one (0.11M); its loops
+outside the products run on one thread, where torch spreads a large model's over its threads."""
+
+
 def computes(model: torch.nn.Module) -> bool:
     """Whether ``log_probs`` computes the rescoring of ``model``, a model ``lean_gpt2.supports``:
-    an activation this module computes, float32 weights on a CPU."""
+    an activation this module computes, float32 weights on a CPU, at most ``MAX_PARAMETERS``."""
     weight = model.transformer.wte.weight
-    return kind(model) is not None and weight.dtype == torch.float32 and weight.device.type == "cpu"
+    return (
+        kind(model) is not None
+        and weight.dtype == torch.float32
+        and weight.device.type == "cpu"
+        and sum(p.numel() for p in model.parameters()) <= MAX_PARAMETERS
+    )
 
 
 def log_probs(
