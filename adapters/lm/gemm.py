@@ -3,9 +3,9 @@
 ``gemm(a, b, out, trans_a, trans_b)``: out = op(a) op(b), op a transpose or not, by the BLAS
 ``sgemm`` that torch itself uses where torch's library exports one (Intel MKL, linked into
 torch's x86 builds), else SciPy's (OpenBLAS, the one Numba's ``np.dot`` calls). At the compiled
-rescoring's shapes (~880 tokens, width 64, 256 inner) MKL's products took 0.4-0.7 of OpenBLAS's
-time on one thread of this project's 2-core Xeon (benchmarks/step_speed.md), and its threads are
-torch's (``torch.set_num_threads``).
+rescoring's shapes (~880 tokens, width 64, 256 inner) MKL's products took 0.68-0.83 of OpenBLAS's
+time on one thread of this project's 2-core Xeon, the main job's step 1.04-1.05x
+(benchmarks/step_speed.md), and its threads are torch's (``torch.set_num_threads``).
 
 The compiled code calls one symbol, ``raptb_sgemm``, bound at import to the address of whichever
 ``sgemm`` was found (``llvmlite``'s ``add_symbol``), so Numba's on-disk cache of the callers holds
