@@ -3,21 +3,19 @@ one more run, by hand, and a run inside or outside it in ``unseen.md``."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
+
+from tests.benchmarks import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "diversity_zoo.py"
 
 
 @pytest.fixture(scope="module")
 def zoo():
-    spec = importlib.util.spec_from_file_location("diversity_zoo", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("diversity_zoo")
 
 
 def test_prediction_interval_by_hand(zoo):

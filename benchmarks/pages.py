@@ -1,0 +1,226 @@
+"""The figures the README and the documentation quote, written from the committed results.
+
+Usage (from the repository root):
+
+    python benchmarks/pages.py           # rewrite every generated block of the pages
+    python benchmarks/pages.py --check   # exit 1, naming each block that differs from its results
+
+A page holds a generated block between ``<!-- gen:NAME -->`` and ``<!-- /gen:NAME -->``; BLOCKS
+maps each NAME to the function that writes it from ``benchmarks/results/``, so a number quoted on a
+page is the one its results file holds, and ``--check`` (run by ``.ci/run``) fails when somebody
+edits one without the other. The sources:
+
+- ``results/horizon_5000/runs.csv``: the main job (RapTB + SubM, 5,000 steps) and TB + RP at the
+  same setting over five seeds (``studies/horizon_5000.toml``);
+- ``results/horizon_10000_capacity/runs.csv``: a buffer of 1000 and 10,000 steps, five seeds;
+- ``results/fresh_clone/main_job.csv``: the README's first command from a fresh clone and a new venv
+  (``benchmarks/fresh_clone.sh main-job`` appends a row);
+- ``results/fresh_clone/suite.csv``: the README's test command the same way
+  (``benchmarks/fresh_clone.sh suite``).
+
+Cells are means with their 95% Student-t interval over seeds; "one run" is the 95% prediction
+interval of one more run, mean ± t_{S-1,0.975} sd sqrt(1 + 1/S).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from scipy import stats
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+ACC, DISTINCT = "exact.acc", "exact.expected_distinct.6400"
+MARKER = re.compile(r"<!-- gen:([a-z0-9-]+) -->\n(.*?)<!-- /gen:\1 -->", re.DOTALL)
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def by_row(path: Path) -> dict[str, list[dict[str, str]]]:
+    """A study's ``runs.csv`` grouped by its ``row`` column (the method), in file order."""
+    groups: dict[str, list[dict[str, str]]] = {}
+    for run in read_csv(path):
+        groups.setdefault(run["row"], []).append(run)
+    return groups
+
+
+class Spread:
+    """Mean, 95% t half-width of the mean and of one more run, over the seeds' values."""
+
+    def __init__(self, values: list[float]) -> None:
+        self.n = len(values)
+        self.mean = statistics.fmean(values)
+        quantile = stats.t.ppf(0.975, self.n - 1) if self.n > 1 else math.nan
+        sd = statistics.stdev(values) if self.n > 1 else math.nan
+        self.half = quantile * sd / math.sqrt(self.n)
+        self.one_run = quantile * sd * math.sqrt(1 + 1 / self.n)
+
+    def cell(self, decimals: int) -> str:
+        return f"{self.mean:,.{decimals}f} ± {self.half:,.{decimals}f}"
+
+    def run_range(self, decimals: int, high: float = math.inf) -> str:
+        low, top = self.mean - self.one_run, min(self.mean + self.one_run, high)
+        return f"{max(low, 0):,.{decimals}f}-{top:,.{decimals}f}"
+
+
+def spread(runs: list[dict[str, str]], key: str) -> Spread:
+    return Spread([float(run[key]) for run in runs])
+
+
+def seconds_range(runs: list[dict[str, str]]) -> str:
+    wall = [float(run["wall_seconds"]) for run in runs]
+    return f"{min(wall):.0f}-{max(wall):.0f} s"
+
+
+def method_table(path: Path, header: str) -> str:
+    """Mean ± CI of a study's two methods, with the one-run interval and the wall time."""
+    lines = [
+        f"| {header} | n | exact Acc | E[distinct correct] at 6,400 | uniformity "
+        "| one run (95% prediction interval) | train + eval per run |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    for method, runs in by_row(path).items():
+        acc, distinct = spread(runs, ACC), spread(runs, DISTINCT)
+        uniformity = spread(runs, "exact.uniformity")
+        lines.append(
+            f"| {method} | {acc.n} | {acc.cell(3)} | {distinct.cell(0)} | {uniformity.cell(3)} "
+            f"| Acc {acc.run_range(2, high=1.0)}, {distinct.run_range(0)} distinct "
+            f"| {seconds_range(runs)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main_job() -> tuple[Spread, Spread]:
+    runs = by_row(RESULTS / "horizon_5000" / "runs.csv")["RapTB + SubM"]
+    return spread(runs, ACC), spread(runs, DISTINCT)
+
+
+def latest(path: Path) -> dict[str, str]:
+    return read_csv(path)[-1]
+
+
+def readme_main_job() -> str:
+    """The README's first screen: how long the command takes and what it prints."""
+    acc, distinct = main_job()
+    fresh = latest(RESULTS / "fresh_clone" / "main_job.csv")
+    minutes = round(float(fresh["total_seconds"]) / 60)
+    return (
+        f"It takes about {minutes} minutes on 2 cores, install included, and ends by printing the "
+        f"paper's Expr24 metrics: expect an exact accuracy of {acc.mean:.2f} with "
+        f"{distinct.mean:.0f} distinct correct expressions expected in 6,400 samples.\n"
+    )
+
+
+def readme_expect() -> str:
+    """The README's interval for one run, and where the figures come from."""
+    acc, distinct = main_job()
+    fresh = latest(RESULTS / "fresh_clone" / "main_job.csv")
+    return (
+        f"Over five seeds the main job gives exact Acc {acc.cell(2)} with {distinct.cell(0)} "
+        f"expected distinct correct expressions; one run lands within Acc "
+        f"{acc.run_range(2, high=1.0)} with {distinct.run_range(0)} (the latest from a fresh "
+        f"clone, {fresh['date']} at {fresh['commit']}: {float(fresh['exact_acc']):.3f} with "
+        f"{float(fresh['expected_distinct_6400']):.0f}).\n"
+    )
+
+
+def fresh_clone_runs() -> str:
+    """Each fresh-clone run of the main job, and whether it lies in the five seeds' interval."""
+    acc, distinct = main_job()
+    lines = [
+        "| date | commit | machine | install + train + eval | train | exact Acc | E[distinct] "
+        "| inside the one-run interval |",
+        "|---|---|---|---:|---:|---:|---:|---|",
+    ]
+    for run in read_csv(RESULTS / "fresh_clone" / "main_job.csv"):
+        total = int(run["total_seconds"])
+        run_acc, run_distinct = float(run["exact_acc"]), float(run["expected_distinct_6400"])
+        inside = abs(run_acc - acc.mean) <= acc.one_run and (
+            abs(run_distinct - distinct.mean) <= distinct.one_run
+        )
+        lines.append(
+            f"| {run['date']} | {run['commit']} | {run['machine']} | {total // 60} min "
+            f"{total % 60} s | {run['train_seconds']} s | {run_acc:.3f} | {run_distinct:.0f} "
+            f"| {'yes' if inside else '**no**'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def suite_runs() -> str:
+    lines = [
+        "| date | commit | machine | passed | skipped | failed | whole command | pytest |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for run in read_csv(RESULTS / "fresh_clone" / "suite.csv"):
+        lines.append(
+            f"| {run['date']} | {run['commit']} | {run['machine']} | {int(run['passed']):,} "
+            f"| {run['skipped']} | {run['failed']} | {run['total_minutes']} min "
+            f"| {run['pytest_minutes']} min |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+BLOCKS: dict[str, Callable[[], str]] = {
+    "readme-main-job": readme_main_job,
+    "readme-expect": readme_expect,
+    "main-job-table": lambda: method_table(
+        RESULTS / "horizon_5000" / "runs.csv", "five seeds, 5,000 steps, buffer 200"
+    ),
+    "capacity-10000-table": lambda: method_table(
+        RESULTS / "horizon_10000_capacity" / "runs.csv", "five seeds, 10,000 steps, buffer 1000"
+    ),
+    "fresh-clone-runs": fresh_clone_runs,
+    "suite-runs": suite_runs,
+}
+PAGES = ("README.md", "docs/benchmarks.md", "docs/development.md")
+
+
+def render(text: str, page: str) -> str:
+    """The page with every generated block written anew; an unknown block name raises."""
+
+    def block(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in BLOCKS:
+            raise KeyError(f"{page}: unknown generated block {name!r} (known: {sorted(BLOCKS)})")
+        return f"<!-- gen:{name} -->\n{BLOCKS[name]()}<!-- /gen:{name} -->"
+
+    return MARKER.sub(block, text)
+
+
+def stale_blocks(text: str, page: str) -> list[str]:
+    """The names of the page's blocks whose text differs from what their results give."""
+    fresh = dict(MARKER.findall(render(text, page)))
+    return [name for name, body in MARKER.findall(text) if fresh[name] != body]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="fail where a page is stale")
+    args = parser.parse_args(argv)
+    stale = []
+    for page in PAGES:
+        path = ROOT / page
+        text = path.read_text()
+        if args.check:
+            stale += [f"{page}: {name}" for name in stale_blocks(text, page)]
+        else:
+            path.write_text(render(text, page))
+    if stale:
+        print("stale generated blocks (run `python benchmarks/pages.py`):", file=sys.stderr)
+        print("\n".join(f"  {line}" for line in stale), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
