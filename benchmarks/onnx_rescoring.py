@@ -5,9 +5,9 @@ The main job's rescoring (``lean_gpt2.shared_prompt_logits`` then
 two ONNX graphs built from the model's configuration, with the gradient written out by hand, run
 by a ``torch.autograd.Function`` (forward graph in ``forward``, keeping the activations it returns;
 backward graph in ``backward``, handing torch each parameter's gradient). The rollout's column
-took 1.3-1.4x less time this way (adapters/lm/onnx_rollout.py); this script measures whether the
-rescoring does too, against torch's autograd on the same rows (benchmarks/step_speed.md, "The
-rescoring in ONNX Runtime").
+took 1.3-1.4x less time this way (adapters/lm/embedded/onnx_rollout.py); this script measures
+whether the rescoring does too, against torch's autograd on the same rows (benchmarks/step_speed.md,
+"The rescoring in ONNX Runtime").
 
 The graphs, ``forward``: inputs the weights (as ``GPT2LMHeadModel.named_parameters`` names them;
 ``lm_head.weight`` only when it is not ``wte``'s), ``ids`` and ``positions`` [N = P + B T] (the
@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raptb.adapters.lm.onnx_builder import (
+from raptb.adapters.lm.embedded.onnx_builder import (
     ACTIVATIONS,
     GraphBuilder,
     ModelShape,
@@ -66,7 +66,7 @@ from raptb.adapters.lm.onnx_builder import (
     weight_names,
     weight_shapes,
 )
-from raptb.adapters.lm.onnx_rollout import session
+from raptb.adapters.lm.embedded.onnx_rollout import session
 
 BIG = np.array([2**62], np.int64)
 """A slice's open end."""
@@ -586,7 +586,7 @@ def torch_log_probs(
     model: Any, prompt: list[int], body: torch.Tensor, stop: int, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference: the trainer's own rescoring (lean forward, then token_log_probs)."""
-    from raptb.adapters.lm import lean_gpt2
+    from raptb.adapters.lm.embedded import lean_gpt2
     from raptb.adapters.lm.rollout_record import token_log_probs
 
     following = torch.cat([body, torch.full_like(body[:, :1], stop)], dim=1)

@@ -40,16 +40,16 @@ each in one process, at each step of ``--phases`` (the training carried on betwe
 copies merged), and prints a Markdown table with the mean distinct rows per phase; ``--loss``
 another loss than the main job's RapTB (a GFlowNet loss with SubM, an RL one as its defaults have
 it), ``--task`` another task than Expr24. ``decode`` is ``copies`` for the rollout's path: each
-column in one ONNX Runtime call (``HFPolicy.decode`` "onnx", adapters/lm/onnx_rollout.py, the
-default on the CPU) against torch's operations ("eager"), with the rollout's own median
+column in one ONNX Runtime call (``HFPolicy.decode`` "onnx", adapters/lm/embedded/onnx_rollout.py,
+the default on the CPU) against torch's operations ("eager"), with the rollout's own median
 milliseconds (its ``RolloutTimings``) beside the step's; ``grammar``, ``one-call``, ``adamw``,
 ``gelu``, ``attention`` and ``rollout`` alternate two settings of the same kind in one trainer
 (the rollout's masks from the task's automaton or from xgrammar; the rollout in one ONNX Runtime
 call or a call per column; AdamW's fused or foreach update; the rescoring's tanh GELU by
-``adapters/lm/tanh_gelu.py`` or by torch's kernels; its attention by
-``adapters/lm/prompt_attention.py`` or by torch's SDPA; the one-call rollout by
-``adapters/lm/compiled_rollout.py`` or by ONNX Runtime's graph); ``threads`` the same for two
-torch threads against one. ``sizes`` times one rollout
+``adapters/lm/embedded/tanh_gelu.py`` or by torch's kernels; its attention by
+``adapters/lm/embedded/prompt_attention.py`` or by torch's SDPA; the one-call rollout by
+``adapters/lm/embedded/compiled_rollout.py`` or by ONNX Runtime's graph); ``threads`` the same for
+two torch threads against one. ``sizes`` times one rollout
 through ONNX and eagerly for GPT-2 models of growing size (``SIZES``), the two alternating
 ``--rounds`` times.
 ``interleave`` is ``ab`` without the fresh processes: one worker process per side (``serve``)
@@ -564,10 +564,11 @@ POLICY_SWITCHES = {
     "rescoring": ("compiled_rescoring", ("compiled", "torch's autograd")),
 }
 """Modes that switch one ``HFPolicy`` attribute between True (the first side) and False: the
-rescoring's tanh GELU by ``adapters/lm/tanh_gelu.py`` against torch's GELU kernels, its attention
-by ``adapters/lm/prompt_attention.py`` against torch's SDPA, the one-call rollout by
-``adapters/lm/compiled_rollout.py`` against ONNX Runtime's graph, the rescoring's forward and
-backward by ``adapters/lm/compiled_rescoring.py`` against torch's operations and autograd."""
+rescoring's tanh GELU by ``adapters/lm/embedded/tanh_gelu.py`` against torch's GELU kernels, its
+attention by ``adapters/lm/embedded/prompt_attention.py`` against torch's SDPA, the one-call rollout
+by ``adapters/lm/embedded/compiled_rollout.py`` against ONNX Runtime's graph, the rescoring's
+forward and backward by ``adapters/lm/embedded/compiled_rescoring.py`` against torch's operations
+and autograd."""
 
 
 def policy_switch(args: argparse.Namespace) -> None:

@@ -36,14 +36,14 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from raptb.adapters.lm import compiled_rescoring, lean_gpt2, onnx_rollout
 from raptb.adapters.lm.decode_mode import DecodeMode, resolve_decode
 from raptb.adapters.lm.distinct_rows import distinct_rows, stochastic_forward
+from raptb.adapters.lm.embedded import compiled_rescoring, lean_gpt2, onnx_rollout
+from raptb.adapters.lm.gpu.static_decoder import StaticDecoders
 from raptb.adapters.lm.grammar import GrammarBatch
 from raptb.adapters.lm.rollout import sample_rollout, token_log_probs
 from raptb.adapters.lm.rollout_record import softmax_entropy
 from raptb.adapters.lm.row_prompts import left_padded, row_prompt_ids
-from raptb.adapters.lm.static_decoder import StaticDecoders
 from raptb.adapters.lm.table_grammar import TableGrammarBatch
 from raptb.adapters.lm.tokens import token_texts
 from raptb.core.char_automaton import CharAutomaton, token_table
@@ -73,9 +73,9 @@ class HFPolicy:
     grammar_threads: threads xgrammar fills the B rows' masks with; more pay off only when the
         model step is fast (a GPU) and the legal vocabulary is large.
     decode: how ``sample`` decodes: ``"eager"`` (``raptb.adapters.lm.rollout``), ``"static"``
-        (``raptb.adapters.lm.static_decode``: static KV cache, fixed batch buckets, CUDA graphs on a
-        GPU; the same rollouts), ``"onnx"`` (``raptb.adapters.lm.onnx_rollout``: each column in
-        one ONNX Runtime call; GPT-2 in float32 on the CPU; the same rollouts up to float
+        (``raptb.adapters.lm.gpu.static_decode``: static KV cache, fixed batch buckets, CUDA graphs
+        on a GPU; the same rollouts), ``"onnx"`` (``raptb.adapters.lm.embedded.onnx_rollout``: each
+        column in one ONNX Runtime call; GPT-2 in float32 on the CPU; the same rollouts up to float
         rounding), or ``"auto"``: static on CUDA, onnx on the CPU where it applies to a small
         model (``onnx_rollout.AUTO_MAX_PARAMETERS``), else eager.
     """
@@ -131,24 +131,25 @@ class HFPolicy:
         """Whether a scoring forward computes each distinct row once (``adapters.lm.distinct_rows``:
         the same values and gradients, up to float rounding); off only to compare."""
         self.tanh_gelu = True
-        """Whether the lean forward's rescoring computes the tanh GELU by ``adapters.lm.tanh_gelu``
-        (the same function, its derivative kept from the forward) on a CPU; off only to compare."""
+        """Whether the lean forward's rescoring computes the tanh GELU by
+        ``adapters.lm.embedded.tanh_gelu`` (the same function, its derivative kept from the forward)
+        on a CPU; off only to compare."""
         self.prompt_attention = True
         """Whether the lean forward's rescoring of rows that share a prompt computes attention by
-        ``adapters.lm.prompt_attention`` (the same function, loops over the tokens) on a CPU; off
-        only to compare."""
+        ``adapters.lm.embedded.prompt_attention`` (the same function, loops over the tokens) on a
+        CPU; off only to compare."""
         self.one_call = True
         """Whether the ONNX path runs a rollout without a grammar or with an automaton's table
         in one call of its ``rollout`` graph (``onnx_rollout``: the same rollouts); off only
         to compare."""
         self.compiled_rollout = True
-        """Whether that one call is ``adapters.lm.compiled_rollout``'s compiled loop (the same
-        function, about 2x faster on the embedded model) rather than ONNX Runtime's graph; off
+        """Whether that one call is ``adapters.lm.embedded.compiled_rollout``'s compiled loop (the
+        same function, about 2x faster on the embedded model) rather than ONNX Runtime's graph; off
         only to compare."""
         self.compiled_rescoring = True
         """Whether the rescoring of rows that share a prompt, on a model ``lean_gpt2`` supports,
-        runs forward and backward as ``adapters.lm.compiled_rescoring``'s compiled functions (the
-        same function up to float rounding); off only to compare."""
+        runs forward and backward as ``adapters.lm.embedded.compiled_rescoring``'s compiled
+        functions (the same function up to float rounding); off only to compare."""
         self.step_together: Callable[[bool], bool] | None = None
         """For a model sharded across processes (whose forwards are collectives): called once per
         rollout step with whether this process's rows have all stopped, it returns whether every
@@ -364,9 +365,9 @@ class HFPolicy:
         )
 
     def uses_lean_gpt2(self, model: PreTrainedModel) -> bool:
-        """Whether ``model``'s forwards run through ``raptb.adapters.lm.lean_gpt2`` (a model it
-        supports, on one process). ``lean_gpt2.supports`` is asked once per model (it walks the
-        model's modules for activation checkpointing: 85 us, three times a step) and again after
+        """Whether ``model``'s forwards run through ``raptb.adapters.lm.embedded.lean_gpt2`` (a
+        model it supports, on one process). ``lean_gpt2.supports`` is asked once per model (it walks
+        the model's modules for activation checkpointing: 85 us, three times a step) and again after
         ``enable_activation_checkpointing``."""
         if self.step_together is not None:
             return False

@@ -16,9 +16,9 @@ to the longest, with the attention mask 0 on the pads and explicit position ids 
 positions, 0 at its first prompt token), so a row's tokens and log-probs are those of rolling it
 out alone, up to float rounding.
 
-The forwards go through ``raptb.adapters.lm.lean_gpt2`` where it supports the model (the embedded
-GPT-2: a shared prompt computed once, a few operations per block), else through the model's own
-forward and transformers' cache; both give the same logits to float rounding.
+The forwards go through ``raptb.adapters.lm.embedded.lean_gpt2`` where it supports the model (the
+embedded GPT-2: a shared prompt computed once, a few operations per block), else through the model's
+own forward and transformers' cache; both give the same logits to float rounding.
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from typing import Protocol
 
 import torch
 
-from raptb.adapters.lm import lean_gpt2
+from raptb.adapters.lm.embedded import lean_gpt2
+from raptb.adapters.lm.embedded.onnx_rollout import onnx_rollout
+from raptb.adapters.lm.gpu.static_decode import DecodingPolicy, static_rollout
 from raptb.adapters.lm.grammar import unpack_bitmask
 from raptb.adapters.lm.kv_cache import cache_keyword, returned_cache
-from raptb.adapters.lm.onnx_rollout import onnx_rollout
 from raptb.adapters.lm.rollout_record import (
     Rollout,
     RolloutTimings,
@@ -41,7 +42,6 @@ from raptb.adapters.lm.rollout_record import (
     token_log_probs,
 )
 from raptb.adapters.lm.row_prompts import check_rollout_shape, left_padded, row_prompt_ids
-from raptb.adapters.lm.static_decode import DecodingPolicy, static_rollout
 
 
 class _Decoder(Protocol):
@@ -91,7 +91,7 @@ class _ModelDecoder:
 
 
 class _LeanDecoder:
-    """``_Decoder`` through ``raptb.adapters.lm.lean_gpt2``, from its
+    """``_Decoder`` through ``raptb.adapters.lm.embedded.lean_gpt2``, from its
     ``prompt_logits_and_past`` (a prompt shared by every row computed once)."""
 
     def __init__(self, model: torch.nn.Module, prompts: lean_gpt2.PromptState) -> None:

@@ -1,5 +1,5 @@
-"""The compiled rescoring (adapters/lm/compiled_rescoring.py) and its exponential
-(adapters/lm/vector_exp.py), held to independent references on random inputs.
+"""The compiled rescoring (adapters/lm/embedded/compiled_rescoring.py) and its exponential
+(adapters/lm/embedded/vector_exp.py), held to independent references on random inputs.
 
 The rescoring's log-probabilities and every parameter's gradient are held to transformers' own
 ``GPT2LMHeadModel`` forward in float64, one row at a time (prompt then tokens, no shared pass, no
@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from raptb.adapters.lm import compiled_rescoring, lean_gpt2
-from raptb.adapters.lm.vector_exp import HIGHEST, LOWEST, exp_into
+from raptb.adapters.lm.embedded import compiled_rescoring, lean_gpt2
+from raptb.adapters.lm.embedded.vector_exp import HIGHEST, LOWEST, exp_into
 
 ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh", "gelu", "relu", "silu")
 

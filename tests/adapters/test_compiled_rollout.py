@@ -1,6 +1,6 @@
-"""The compiled rollout loop (adapters/lm/compiled_rollout.py) against ONNX Runtime's ``rollout``
-graph (onnx_graph.rollout_graph, itself held to the column-by-column path and the reference loop
-in test_onnx_rollout.py) on the same feeds.
+"""The compiled rollout loop (adapters/lm/embedded/compiled_rollout.py) against ONNX Runtime's
+``rollout`` graph (onnx_graph.rollout_graph, itself held to the column-by-column path and the
+reference loop in test_onnx_rollout.py) on the same feeds.
 
 Random GPT-2 weights of random shapes, every activation the graph computes, prompts with
 left-padded pads (``key_bias`` -inf), per-row temperatures, an automaton's table with dead ends,
@@ -15,10 +15,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raptb.adapters.lm import compiled_rollout, onnx_rollout
+from raptb.adapters.lm.embedded import compiled_rollout, onnx_rollout
+from raptb.adapters.lm.embedded.onnx_builder import ACTIVATIONS, weight_shapes
+from raptb.adapters.lm.embedded.onnx_graph import ColumnShape, rollout_graph
 from raptb.adapters.lm.kv_cache import cache_keyword, returned_cache
-from raptb.adapters.lm.onnx_builder import ACTIVATIONS, weight_shapes
-from raptb.adapters.lm.onnx_graph import ColumnShape, rollout_graph
 
 TOLERANCE = 1e-5
 """Log-probabilities of magnitude 0.01-20: the two engines' float32 rounding is below 2e-6."""

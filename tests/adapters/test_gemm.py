@@ -1,6 +1,6 @@
-"""``gemm`` (adapters/lm/gemm.py), the compiled code's float32 product, held to NumPy's float64
-product on random shapes and values, each operand transposed or not; its checks of the shapes and
-of the layout."""
+"""``gemm`` (adapters/lm/embedded/gemm.py), the compiled code's float32 product, held to NumPy's
+float64 product on random shapes and values, each operand transposed or not; its checks of the
+shapes and of the layout."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raptb.adapters.lm import gemm
+from raptb.adapters.lm.embedded import gemm
 
 
 @settings(max_examples=60, deadline=None)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-from raptb.adapters.lm import lean_gpt2
+from raptb.adapters.lm.embedded import lean_gpt2
 from raptb.adapters.lm.models import build_char_tokenizer, build_tiny_model
 from raptb.adapters.lm.row_prompts import left_padded
 from tests.adapters.test_policy import gen, make_policy

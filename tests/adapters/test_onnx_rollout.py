@@ -1,4 +1,4 @@
-"""The ONNX path (adapters/lm/onnx_rollout.py, onnx_graph.py) against torch.
+"""The ONNX path (adapters/lm/embedded/onnx_rollout.py, onnx_graph.py) against torch.
 
 References: ``lean_gpt2.forward`` (itself held to transformers' forward in test_lean_gpt2.py) for
 the step graph's logits and keys and values; the plain reference loop of
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from raptb.adapters.lm import compiled_rollout, lean_gpt2, onnx_rollout
+from raptb.adapters.lm.embedded import compiled_rollout, lean_gpt2, onnx_rollout
+from raptb.adapters.lm.embedded.onnx_builder import weight_names
 from raptb.adapters.lm.lora import apply_lora
-from raptb.adapters.lm.onnx_builder import weight_names
 from raptb.adapters.lm.policy import HFPolicy
 from raptb.adapters.tasks.expr24.task import Expr24Automaton, expr24_grammar
 from tests.adapters.test_policy import GRAMMAR, PROMPT, make_policy
@@ -128,7 +128,7 @@ def test_sample_graph_on_hand_made_rows() -> None:
     """Three choices (ids 0, 2 and stop 3 of a 4-token vocabulary): masked choices never drawn,
     the temperature divides before the softmax, the first of tied maxima wins, the log-
     probabilities are the untempered full-vocabulary ones."""
-    from raptb.adapters.lm.onnx_graph import ColumnShape, sample_graph
+    from raptb.adapters.lm.embedded.onnx_graph import ColumnShape, sample_graph
 
     shape = ColumnShape(
         n_layer=1, n_head=1, n_embd=4, n_inner=16, vocab=4, positions=8, eps=1e-5,
@@ -287,10 +287,10 @@ def test_one_call_equals_the_column_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The rollout in one call (no grammar, or an automaton's table), by the compiled loop
-    (adapters/lm/compiled_rollout.py; a prompt all rows share computed inside it) or by ONNX
-    Runtime's ``rollout`` graph, against the call per column (held to the reference loop above):
-    the same rows and lengths, log-probabilities within float rounding, the generator left in the
-    same state."""
+    (adapters/lm/embedded/compiled_rollout.py; a prompt all rows share computed inside it) or by
+    ONNX Runtime's ``rollout`` graph, against the call per column (held to the reference loop
+    above): the same rows and lengths, log-probabilities within float rounding, the generator left
+    in the same state."""
     grammar = None if bounds is None else expr24_grammar(*bounds)
     policy = perturbed_policy(grammar, seed=3)
     policy.automaton = None if bounds is None else Expr24Automaton(*bounds)

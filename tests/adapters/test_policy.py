@@ -291,7 +291,7 @@ def test_lean_support_asked_once_per_model(monkeypatch: pytest.MonkeyPatch) -> N
     """``uses_lean_gpt2`` asks ``lean_gpt2.supports`` once per model, again after activation
     checkpointing is enabled (which takes the model off the lean path), and never on a sharded
     model's process."""
-    from raptb.adapters.lm import lean_gpt2
+    from raptb.adapters.lm.embedded import lean_gpt2
 
     policy = make_policy(None)
     asked: list[torch.nn.Module] = []

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raptb.adapters.lm import lean_gpt2
-from raptb.adapters.lm.prompt_attention import prompt_attention, token_positions
+from raptb.adapters.lm.embedded import lean_gpt2
+from raptb.adapters.lm.embedded.prompt_attention import prompt_attention, token_positions
 
 
 def _sdpa(qkv: torch.Tensor, prompt: int, rows: int, heads: int, scale: float) -> torch.Tensor:

@@ -17,11 +17,11 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from raptb.adapters.lm.decode_mode import resolve_decode
+from raptb.adapters.lm.gpu.static_decoder import StaticDecoders, bucket_rows
 from raptb.adapters.lm.lora import apply_lora
 from raptb.adapters.lm.models import build_char_tokenizer
 from raptb.adapters.lm.policy import HFPolicy
 from raptb.adapters.lm.rollout import Rollout
-from raptb.adapters.lm.static_decoder import StaticDecoders, bucket_rows
 from raptb.adapters.lm.tokens import legal_token_ids, stop_token_id
 from raptb.adapters.tasks.expr24.task import expr24_grammar
 from tests.adapters.test_policy import ALPHABET, PROMPT, make_policy
@@ -147,7 +147,7 @@ def test_cuda_schedule_and_a_failed_capture_equal_eager(
     monkeypatch.setattr(torch.cuda, "Stream", lambda: side)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: side)
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
-    with caplog.at_level(logging.WARNING, logger="raptb.adapters.lm.static_decode"):
+    with caplog.at_level(logging.WARNING, logger="raptb.adapters.lm.gpu.static_decode"):
         for seed in (1, 2):
             eager, eager_state = sample(policy, "eager", PROMPT, 8, seed, **kwargs)
             static, static_state = sample(policy, "static", PROMPT, 8, seed, **kwargs)

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.activations import ACT2CLS
 
-from raptb.adapters.lm import lean_gpt2
-from raptb.adapters.lm.tanh_gelu import applies, tanh_gelu
+from raptb.adapters.lm.embedded import lean_gpt2
+from raptb.adapters.lm.embedded.tanh_gelu import applies, tanh_gelu
 
 
 def _float64_gelu(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -479,10 +479,10 @@ def test_the_rescorings_own_kernels_train_like_torchs(
     tmp_path: Path, monkeypatch, knob: str, attribute: str, function: str
 ) -> None:
     """``optim.tanh_gelu`` and ``optim.prompt_attention`` reach the policy (its rescoring's GELU
-    by adapters/lm/tanh_gelu.py, its attention by adapters/lm/prompt_attention.py, else torch's
-    kernels), and the main job's first steps log the same records up to float rounding. (The
-    rescoring through torch: the compiled one computes both in its own loops.)"""
-    from raptb.adapters.lm import lean_gpt2
+    by adapters/lm/embedded/tanh_gelu.py, its attention by adapters/lm/embedded/prompt_attention.py,
+    else torch's kernels), and the main job's first steps log the same records up to float rounding.
+    (The rescoring through torch: the compiled one computes both in its own loops.)"""
+    from raptb.adapters.lm.embedded import lean_gpt2
 
     calls = []
     kernel = getattr(lean_gpt2, function)
@@ -501,9 +501,9 @@ def test_the_rescorings_own_kernels_train_like_torchs(
 
 def test_the_compiled_rescoring_trains_like_torchs_autograd(tmp_path: Path, monkeypatch) -> None:
     """``optim.compiled_rescoring`` reaches the policy (its rescoring forward and backward by
-    adapters/lm/compiled_rescoring.py, else torch's operations and autograd), and the main job's
-    first steps log the same records up to float rounding."""
-    from raptb.adapters.lm import compiled_rescoring
+    adapters/lm/embedded/compiled_rescoring.py, else torch's operations and autograd), and the main
+    job's first steps log the same records up to float rounding."""
+    from raptb.adapters.lm.embedded import compiled_rescoring
 
     calls = []
     score = compiled_rescoring.log_probs
@@ -522,10 +522,10 @@ def test_the_compiled_rescoring_trains_like_torchs_autograd(tmp_path: Path, monk
 
 def test_the_compiled_rollout_trains_like_onnx_runtimes_graph(tmp_path: Path, monkeypatch) -> None:
     """``optim.compiled_rollout`` reaches the policy (its one-call rollouts by
-    adapters/lm/compiled_rollout.py, else by ONNX Runtime's graph), and the main job's first steps
-    log the same records up to float rounding: the two draw the same rows, and the rescoring,
-    not the rollout's log-probabilities, makes the loss."""
-    from raptb.adapters.lm import compiled_rollout
+    adapters/lm/embedded/compiled_rollout.py, else by ONNX Runtime's graph), and the main job's
+    first steps log the same records up to float rounding: the two draw the same rows, and the
+    rescoring, not the rollout's log-probabilities, makes the loss."""
+    from raptb.adapters.lm.embedded import compiled_rollout
 
     calls = []
     run = compiled_rollout.run

@@ -38,10 +38,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from raptb.adapters.lm import compiled_rollout, lean_gpt2
+from raptb.adapters.lm.embedded import compiled_rollout, lean_gpt2
+from raptb.adapters.lm.embedded.onnx_builder import ACTIVATIONS, weight_names
+from raptb.adapters.lm.embedded.onnx_graph import (
+    ColumnShape,
+    rollout_graph,
+    sample_graph,
+    step_graph,
+)
 from raptb.adapters.lm.grammar import GrammarBatch
-from raptb.adapters.lm.onnx_builder import ACTIVATIONS, weight_names
-from raptb.adapters.lm.onnx_graph import ColumnShape, rollout_graph, sample_graph, step_graph
 from raptb.adapters.lm.rollout_record import Rollout, RolloutTimings, row_temperatures
 from raptb.adapters.lm.row_prompts import check_rollout_shape, row_prompt_ids
 from raptb.adapters.lm.table_grammar import TableGrammarBatch

@@ -21,8 +21,8 @@ gives the rows the same choices on both paths, up to a tie within float rounding
 ``step`` (every later column): GPT-2's forward of each row's last token ``tokens`` [n] at
 ``positions`` [n] over the keys and values ``past_k{l}``, ``past_v{l}`` [n, H, S, D] of the
 columns before, ``key_bias`` [n, S + 1] added to every head's scores (0, or -inf on a left-padded
-prompt's pads; the new column's 0) (``raptb.adapters.lm.lean_gpt2.forward``'s function with its
-``key_mask``, the same operations in ONNX's names), then ``sample`` on its logits; it also
+prompt's pads; the new column's 0) (``raptb.adapters.lm.embedded.lean_gpt2.forward``'s function with
+its ``key_mask``, the same operations in ONNX's names), then ``sample`` on its logits; it also
 returns the keys and values with the new column.
 
 ``rollout`` (``rollout_graph``): every column after the prompt in one ONNX ``Loop`` of
@@ -41,7 +41,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from raptb.adapters.lm.onnx_builder import GraphBuilder, ModelShape, activation, weight_shapes
+from raptb.adapters.lm.embedded.onnx_builder import (
+    GraphBuilder,
+    ModelShape,
+    activation,
+    weight_shapes,
+)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The static decoder of one bucket (B rows, P prompt positions, T steps): its ``StaticCache``,
 fixed buffers and, on CUDA, the two parts of a token step captured as CUDA graphs; and a
 policy's decoders by bucket (``StaticDecoders``). The step loop that drives them, and the design,
-are in ``raptb.adapters.lm.static_decode``."""
+are in ``raptb.adapters.lm.gpu.static_decode``."""
 
 from __future__ import annotations
 

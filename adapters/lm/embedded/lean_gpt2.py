@@ -48,9 +48,9 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from raptb.adapters.lm.prompt_attention import prompt_attention
+from raptb.adapters.lm.embedded.prompt_attention import prompt_attention
+from raptb.adapters.lm.embedded.tanh_gelu import applies, tanh_gelu
 from raptb.adapters.lm.row_prompts import left_padded
-from raptb.adapters.lm.tanh_gelu import applies, tanh_gelu
 
 KeyValues = list[tuple[torch.Tensor, torch.Tensor]]
 """Per block: keys and values [B, H, S, D] of the columns computed so far."""

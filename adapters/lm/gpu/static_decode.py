@@ -39,10 +39,10 @@ from typing import Protocol
 
 import torch
 
+from raptb.adapters.lm.gpu.static_decoder import StaticDecoders, bucket_rows
 from raptb.adapters.lm.grammar import GrammarBatch
 from raptb.adapters.lm.rollout_record import Rollout, RolloutTimings, row_temperatures
 from raptb.adapters.lm.row_prompts import check_rollout_shape, row_prompt_ids
-from raptb.adapters.lm.static_decoder import StaticDecoders, bucket_rows
 
 
 class DecodingPolicy(Protocol):

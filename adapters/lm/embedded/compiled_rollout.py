@@ -32,9 +32,9 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from raptb.adapters.lm import compiled_gpt2
-from raptb.adapters.lm.compiled_gpt2 import forward, shared_prompt
-from raptb.adapters.lm.onnx_graph import ColumnShape
+from raptb.adapters.lm.embedded import compiled_gpt2
+from raptb.adapters.lm.embedded.compiled_gpt2 import forward, shared_prompt
+from raptb.adapters.lm.embedded.onnx_graph import ColumnShape
 
 _ZERO = np.float32(0.0)
 _MINUS_INF = np.float32(-np.inf)

@@ -21,9 +21,9 @@ import math
 import numba as nb
 import numpy as np
 
-from raptb.adapters.lm.gemm import gemm
-from raptb.adapters.lm.onnx_builder import BLOCK_PARTS
-from raptb.adapters.lm.onnx_graph import ColumnShape
+from raptb.adapters.lm.embedded.gemm import gemm
+from raptb.adapters.lm.embedded.onnx_builder import BLOCK_PARTS
+from raptb.adapters.lm.embedded.onnx_graph import ColumnShape
 
 KINDS = {"gelu_tanh": 0, "gelu": 1, "relu": 2, "silu": 3}
 """``ColumnShape.activation`` -> the kernel's activation code."""
