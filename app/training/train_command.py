@@ -39,6 +39,10 @@ def _warn(line: str) -> None:
     _err.print(f"warning: {line}", style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 
+def _note(line: str) -> None:
+    _err.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
 def _fail(message: str) -> typer.Exit:
     """Exit 2 with ``message``, printed once when several processes share a run: under
     raptb launch every rank leaves it to the launcher, which prints the first failed rank's (a
@@ -246,6 +250,7 @@ def train_command(
         leave_process_group,
         per_rank_batch,
     )
+    from raptb.app.training.compile_notice import compile_notice
     from raptb.app.training.train import Trainer
 
     try:
@@ -265,6 +270,7 @@ def train_command(
             cfg = type(cfg).model_validate(settled)
             if dist.is_main:
                 typer.echo(kappa_line(cfg))  # stdout: stderr carries warnings and one-line errors
+                held.enter_context(compile_notice(_note))
             trainer = Trainer(cfg, run_dir, resume=resume, progress=progress, dist=dist)
             result = trainer.train()
             leave_process_group()
