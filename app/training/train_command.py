@@ -250,8 +250,8 @@ def train_command(
         leave_process_group,
         per_rank_batch,
     )
-    from raptb.app.training.compile_notice import compile_notice
     from raptb.app.training.train import Trainer
+    from raptb.app.training.train_progress import compile_notice
 
     try:
         # refused before the process group starts: every rank exits at once with one line

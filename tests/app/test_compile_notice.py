@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from raptb.app.cli import app
 from raptb.app.training import train
-from raptb.app.training.compile_notice import COMPILING_LINE, compile_notice
 from raptb.app.training.train import TrainResult
+from raptb.app.training.train_progress import COMPILING_LINE, compile_notice
 
 KERNELS = """
 import numba
