@@ -39,10 +39,6 @@ def _warn(line: str) -> None:
     _err.print(f"warning: {line}", style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 
-def _note(line: str) -> None:
-    _err.print(line, markup=False, highlight=False, soft_wrap=True)
-
-
 def _fail(message: str) -> typer.Exit:
     """Exit 2 with ``message``, printed once when several processes share a run: under
     raptb launch every rank leaves it to the launcher, which prints the first failed rank's (a
@@ -286,7 +282,7 @@ def train_command(
             cfg = type(cfg).model_validate(settled)
             if dist.is_main:
                 typer.echo(kappa_line(cfg))  # stdout: stderr carries warnings and one-line errors
-                held.enter_context(compile_notice(_note))
+                held.enter_context(compile_notice(typer.echo))  # stdout, as the line above
             trainer = Trainer(cfg, run_dir, resume=resume, progress=progress, dist=dist)
             result = trainer.train()
             leave_process_group()

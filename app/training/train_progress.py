@@ -1,6 +1,6 @@
-"""What a run shows while it runs (stderr): the progress bar (step, loss, logZ, accuracy and
-distinct successes), and one line when raptb's Numba kernels compile, since a first run is
-otherwise silent for a minute.
+"""What a run shows while it runs: the progress bar (stderr: step, loss, logZ, accuracy and
+distinct successes), and one line when raptb's Numba kernels compile (stdout, where
+``raptb train`` says what it runs), since a first run is otherwise silent for a minute.
 
 The kernels (``core/subm``, ``adapters/lm``'s compiled rollout and rescoring) are jitted with
 ``cache=True``: the first call of each compiles it and writes it to the ``__pycache__`` beside
