@@ -19,6 +19,7 @@ Checkpoints hold the adapter alone (``save_pretrained``: ``adapter_config.json``
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -29,6 +30,12 @@ from transformers.pytorch_utils import Conv1D
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+# ``PeftModel.save_pretrained``'s default (``save_embedding_layers="auto"``) reads the base
+# model's config.json, from its folder or the Hub, to see whether its vocabulary was resized; a
+# model read from GGUF has none there (peft warns "Could not find a config file"), and online a
+# local folder would be asked of the Hub. LoRA here adapts projections only and never resizes the
+# vocabulary: the adapter is saved without the embedding layers, as "auto" would decide.
+ADAPTER_SAVE_OPTIONS = {"save_embedding_layers": False}
 # Leaf names of attention and MLP projections, by architecture family (module docstring).
 PROJECTION_NAMES = frozenset(
     {
@@ -90,7 +97,14 @@ def apply_lora(
         fan_in_fan_out=any(isinstance(m, Conv1D) for m in model.modules()),
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, config)
+    with warnings.catch_warnings():
+        # peft 0.21 reads transformers 5's deprecated alias ``model.is_gradient_checkpointing``
+        # (of ``is_activation_checkpointing``, the same value) to decide whether to prepare the
+        # model for checkpointing: that one read's FutureWarning is the library's, not the run's
+        warnings.filterwarnings(
+            "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        return get_peft_model(model, config)
 
 
 def is_adapter_folder(folder: Path | str) -> bool:

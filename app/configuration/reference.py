@@ -119,16 +119,25 @@ def config_command(
     task: Annotated[
         str | None, typer.Option(help="Show the defaults this task resolves to.")
     ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="Show the defaults this model resolves to, as raptb train --model runs them "
+            "(a pretrained model's preset: LoRA, learning rate, kappa). Default: the embedded "
+            "tiny model."
+        ),
+    ] = None,
     markdown: Annotated[
         bool, typer.Option("--markdown", help="Print the reference table of every field.")
     ] = False,
 ) -> None:
-    """Print the resolved default configuration (TOML), or the reference table of its fields."""
+    """Print the resolved default configuration (TOML) of a task and model, as raptb train runs
+    it with these flags alone; or the reference table of its fields."""
     if markdown:
         typer.echo(markdown_table(), nl=False)
         return
     try:
-        config = build_config(overrides={"task": task})
+        config = build_config(overrides={"task": task, "model": model})
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

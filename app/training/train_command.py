@@ -67,9 +67,11 @@ def _prepare_run(
     return claim_new_run(run_dir, cfg, overwrite=overwrite), False
 
 
-def _flag(path: str, extra: str = "", *names: str, metavar: str | None = None) -> Any:
-    """A ``--flag`` for config field ``path``: its description as help, its default shown;
-    ``names``: the option's spellings (default: from the parameter's name)."""
+def _flag(
+    path: str, extra: str = "", *names: str, metavar: str | None = None, panel: str | None = None
+) -> Any:
+    """A ``--flag`` for config field ``path``: its description as help, its default shown, under
+    help panel ``panel``; ``names``: the option's spellings (default: from the parameter's name)."""
     help_text = f"{field_at(path).description}{extra}"
     section = path.split(".")[0]
     if section in task_names():
@@ -80,6 +82,7 @@ def _flag(path: str, extra: str = "", *names: str, metavar: str | None = None) -
         help=help_text,
         show_default=shown if shown is not None else False,
         metavar=metavar,
+        rich_help_panel=panel,
     )
 
 
@@ -137,6 +140,18 @@ SHORT_FLAGS: tuple[tuple[str, str, Any], ...] = (
     ("report_to", "report_to", list[str]),
 )
 _SHORT_HELP = {"report_to": " Repeat the flag for several trackers."}
+# ``raptb train --help`` opens with the flags a newcomer uses first, by panel and in this order
+# (parameter names: short flags and train_command's own); then the other short flags, then one
+# flag per configuration field
+FIRST_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Run", ("task", "steps", "seed", "out", "resume", "config", "threads")),
+    ("Model", ("model", "lora_rank", "lr")),
+    ("Objective", ("loss", "kappa")),
+    ("Replay", ("replay",)),
+)
+OTHER_FLAGS_PANEL = "Other flags"
+FIELDS_PANEL = "Every configuration field (--PATH VALUE, as in a --config file)"
+_PANEL_OF = {name: panel for panel, names in FIRST_PANELS for name in names}
 _FIELD_PREFIX = "field__"
 """Parameter names of the generated flags: ``--optim.lr`` is ``field__optim__lr``."""
 
@@ -147,7 +162,8 @@ def _field_parameter(path: str) -> str:
 
 def _short_parameter(name: str, path: str, kind: Any) -> inspect.Parameter:
     extra = _task_choices() if name == "task" else _SHORT_HELP.get(name, "")
-    annotation = Annotated[kind | None, _flag(path, extra)]
+    panel = _PANEL_OF.get(name, OTHER_FLAGS_PANEL)
+    annotation = Annotated[kind | None, _flag(path, extra, panel=panel)]
     return inspect.Parameter(
         name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation
     )
@@ -161,7 +177,7 @@ def _field_parameters() -> list[inspect.Parameter]:
     for path, _ in config_fields():
         if path in taken:
             continue
-        option = _flag(path, "", f"--{path}", metavar="TOML")
+        option = _flag(path, "", f"--{path}", metavar="TOML", panel=FIELDS_PANEL)
         params.append(
             inspect.Parameter(
                 _field_parameter(path),
@@ -247,6 +263,7 @@ def train_command(
         per_rank_batch,
     )
     from raptb.app.training.train import Trainer
+    from raptb.app.training.train_progress import compile_notice
 
     try:
         # refused before the process group starts: every rank exits at once with one line
@@ -265,6 +282,7 @@ def train_command(
             cfg = type(cfg).model_validate(settled)
             if dist.is_main:
                 typer.echo(kappa_line(cfg))  # stdout: stderr carries warnings and one-line errors
+                held.enter_context(compile_notice(typer.echo))  # stdout, as the line above
             trainer = Trainer(cfg, run_dir, resume=resume, progress=progress, dist=dist)
             result = trainer.train()
             leave_process_group()
@@ -300,16 +318,24 @@ def train_command(
 
 
 def _signature() -> inspect.Signature:
-    """train_command's parameters as Typer reads them: the fixed ones, the short flags, then one
-    flag per configuration field."""
+    """train_command's parameters as Typer reads them, each with its help panel: the flags of
+    ``FIRST_PANELS`` in their order, the other short flags and fixed ones, then one flag per
+    configuration field."""
     fixed = [
         p
         for p in inspect.signature(train_command, eval_str=True).parameters.values()
         if p.kind is not inspect.Parameter.VAR_KEYWORD
     ]
     fixed = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in fixed]
+    for p in fixed:
+        p.annotation.__metadata__[0].rich_help_panel = _PANEL_OF.get(p.name, OTHER_FLAGS_PANEL)
     short = [_short_parameter(name, path, kind) for name, path, kind in SHORT_FLAGS]
-    return inspect.Signature([*short, *fixed, *_field_parameters()])
+    first = [name for _, names in FIRST_PANELS for name in names]
+    params = sorted(  # a stable sort: the others keep their order
+        [*short, *fixed],
+        key=lambda p: first.index(p.name) if p.name in first else len(first),
+    )
+    return inspect.Signature([*params, *_field_parameters()])
 
 
 train_command.__signature__ = _signature()  # type: ignore[attr-defined]

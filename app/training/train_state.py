@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
 
-from raptb.adapters.lm.lora import is_peft_model, load_adapter_weights
+from raptb.adapters.lm.lora import ADAPTER_SAVE_OPTIONS, is_peft_model, load_adapter_weights
 from raptb.adapters.lm.policy import HFPolicy
 from raptb.app.configuration.config import TrainConfig
 from raptb.app.distribution.distributed import DistContext, rank_rng_state, restore_rank_rng
@@ -71,7 +71,9 @@ def save_trainer_state(trainer: Checkpointed) -> Path:
 
     def write(folder: Path) -> None:
         model_dir = folder / "model"
-        trainer.policy.model.save_pretrained(model_dir, safe_serialization=True, state_dict=weights)
+        model = trainer.policy.model
+        options = ADAPTER_SAVE_OPTIONS if is_peft_model(model) else {}
+        model.save_pretrained(model_dir, safe_serialization=True, state_dict=weights, **options)
         trainer.policy.tokenizer.save_pretrained(model_dir)
         torch.save(
             {
