@@ -67,7 +67,7 @@ class TrainConfig(Section):
         DEFAULT_LOSS,
         description="Objective: tb, subtb, raptb, avg_prefix_tb, root_subtb_logz, vargrad (or "
         "a plug-in's, core.plugins); or the RL baselines grpo, ppo and GRPO's "
-        "variants dapo, passk, ucpo, g2rpo, and rover ([rl] section).",
+        "variants dapo, passk, ucpo, g2rpo, ips_grpo, rover and flowrl ([rl] section).",
     )
     model: str = Field(
         "tiny",

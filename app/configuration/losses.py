@@ -10,8 +10,8 @@ declares what the algorithm asks of it (``holds_log_z``, ``uses_reference``, ``g
 Entries come from three places, read once per process on the first lookup:
 
 - the built-in losses: every GFlowNet objective of ``core.gfn.objectives`` with the GFlowNet
-  algorithm, then GRPO and PPO with theirs, then DAPO, Pass@k, UCPO and G²RPO (GRPO's algorithm) and
-  ROVER;
+  algorithm, then GRPO and PPO with theirs, then DAPO, Pass@k, UCPO, G²RPO and IPS-GRPO (GRPO's
+  algorithm), ROVER and FlowRL;
 - the ``raptb.objectives`` entry points (core.plugins loads them): a GFlowNet objective class,
   trained by the GFlowNet algorithm;
 - the ``raptb.losses`` entry points: a :class:`Loss`, e.g. an RL loss with its own algorithm::
@@ -36,8 +36,10 @@ from raptb.core.registry import Registry
 from raptb.core.replay import NO_REPLAY
 from raptb.core.rl.base import RLObjective
 from raptb.core.rl.dapo import DAPO, DAPO_EPSILON_HIGH
+from raptb.core.rl.flowrl import FlowRL
 from raptb.core.rl.g2rpo import G2RPO
 from raptb.core.rl.grpo import GRPO
+from raptb.core.rl.ips_grpo import IPSGRPO
 from raptb.core.rl.passk import PassK
 from raptb.core.rl.ppo import PPO
 from raptb.core.rl.rover import ROVER
@@ -136,10 +138,11 @@ _RL_BASELINES = (
         replay=False,
         presets={**ON_POLICY, "rl": {"epsilon_high": DAPO_EPSILON_HIGH, "filter_groups": True}},
     ),
-    # GRPO's algorithm and loss with other advantages (core.rl.passk, .ucpo, .g2rpo)
+    # GRPO's algorithm and loss with other advantages (core.rl.passk, .ucpo, .g2rpo, .ips_grpo)
     Loss("passk", PassK, GRPO_ALGORITHM, section="rl", replay=False, presets=ON_POLICY),
     Loss("ucpo", UCPO, GRPO_ALGORITHM, section="rl", replay=False, presets=ON_POLICY),
     Loss("g2rpo", G2RPO, GRPO_ALGORITHM, section="rl", replay=False, presets=ON_POLICY),
+    Loss("ips_grpo", IPSGRPO, GRPO_ALGORITHM, section="rl", replay=False, presets=ON_POLICY),
     # the authors' schedule, one pass of four mini-batch updates per rollout; the centred reward
     # divided by the group's std, so that the task reward's scale (lambda S) drops out as it
     # does for the authors' 0/1 reward (core.rl.rover)
@@ -153,6 +156,15 @@ _RL_BASELINES = (
             **ON_POLICY,
             "rl": {"num_ppo_epochs": 1, "num_mini_batches": 4, "norm_adv_by_std_in_grpo": True},
         },
+    ),
+    # trajectory balance on length-normalised log-probs with a learned logZ (core.rl.flowrl)
+    Loss(
+        "flowrl",
+        FlowRL,
+        "raptb.app.training.rl.flowrl:FlowRLAlgorithm",
+        section="rl",
+        replay=False,
+        presets=ON_POLICY,
     ),
 )
 

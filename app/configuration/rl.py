@@ -1,8 +1,9 @@
 """The ``[rl]`` section of a run's configuration: the reward-maximising baselines PPO and GRPO
 (``--loss ppo|grpo``, app.training.rl.grpo and .ppo), GRPO's variants (``--loss
-dapo|passk|ucpo|g2rpo``) and ROVER (``--loss rover``) with TRL's names (or the authors' where TRL
-has none), their defaults read from core's dataclasses so that each is written once. What each RL
-loss sets under the file and the flags is its entry's in app.configuration.losses.
+dapo|passk|ucpo|g2rpo|ips_grpo``), ROVER (``--loss rover``) and FlowRL (``--loss flowrl``) with
+TRL's names (or the authors' where TRL has none), their defaults read from core's dataclasses so
+that each is written once. What each RL loss sets under the file and the flags is its entry's in
+app.configuration.losses.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from typing import Any, Literal
 from pydantic import Field
 
 from raptb.app.configuration.sections import Section, core_default
+from raptb.core.rl.flowrl import FlowRL
 from raptb.core.rl.g2rpo import G2RPO
 from raptb.core.rl.grpo import GRPO
+from raptb.core.rl.ips_grpo import IPSGRPO
 from raptb.core.rl.passk import PassK
 from raptb.core.rl.ppo import PPO
 from raptb.core.rl.rover import ROVER
@@ -26,7 +29,7 @@ from raptb.core.rl.ucpo import UCPO
 GRPO_TEMPERATURE = 1.0
 PPO_TEMPERATURE = 0.7
 # TRL's defaults as core writes them (the names the two share are not in the [rl] section)
-_RL_CLASSES = (PPO, GRPO, PassK, UCPO, G2RPO, ROVER)
+_RL_CLASSES = (PPO, GRPO, PassK, UCPO, G2RPO, IPSGRPO, ROVER, FlowRL)
 _RL_DEFAULTS = {f.name: f.default for cls in _RL_CLASSES for f in fields(cls)}
 
 
@@ -126,6 +129,19 @@ class RLConfig(Section):
     )
     g2rpo_cap: float = _trl(
         "g2rpo_cap", "G2RPO: bound of the bonus before its weight (of 1 / (n pi_old(y))).", gt=0
+    )
+    ips_epsilon: float = _trl(
+        "ips_epsilon",
+        "IPS-GRPO: floor of an outcome's estimated probability max(n / G, epsilon) before the "
+        "reward is divided by it (the authors' clip epsilon; binds only above 1 / G).",
+        gt=0,
+        le=1,
+    )
+    flowrl_beta_coef: float = _trl(
+        "flowrl_beta_coef",
+        "FlowRL: weight beta of the GRPO advantage in the log reward of the trajectory-balance "
+        "residual (the authors' flowrl_beta_coef).",
+        gt=0,
     )
     norm_adv_by_std_in_grpo: bool = _trl(
         "norm_adv_by_std_in_grpo",

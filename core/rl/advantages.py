@@ -50,6 +50,15 @@ def _bessel_std(x: Array, axis: int | None) -> Array:
     return xp.std(x, axis=axis, correction=1, keepdims=True)
 
 
+def check_whole_groups(rows: int, num_generations: int) -> None:
+    """Raise ValueError unless ``rows`` is a multiple of ``num_generations``."""
+    if rows % num_generations:
+        raise ValueError(
+            f"num_generations: the batch of {rows} rows must hold whole groups of "
+            f"num_generations = {num_generations} samples"
+        )
+
+
 def group_advantages(
     rewards: Array, num_generations: int, scale_rewards: ScaleRewards = "group"
 ) -> tuple[Array, Array]:

@@ -98,6 +98,8 @@ class GRPO(RLObjective):
     # whether ``advantages`` reads the rows' sequence log-probs under the behaviour policy (UCPO);
     # the algorithm then scores them (without gradients) before the step's advantages
     reads_sequence_log_probs: ClassVar[bool] = False
+    # whether ``advantages`` reads each row's outcome (its token sequence, IPS-GRPO's counts)
+    reads_outcomes: ClassVar[bool] = False
     num_generations: int = 8
     scale_rewards: ScaleRewards = "group"
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"] = "dapo"

@@ -239,10 +239,11 @@ def test_accelerate_launch_runs_raptb_as_a_module(tmp_path):
     assert len(state["ranks_rng"]) == 2
 
 
-@pytest.mark.parametrize("loss", ["grpo", "ppo"])
+@pytest.mark.parametrize("loss", ["grpo", "ppo", "ips_grpo", "flowrl"])
 def test_rl_records_and_correct_texts_count_every_rank(tmp_path, loss):
-    """GRPO and PPO on 2 ranks: each step's logged reward mean is over both ranks' rows, and every
-    rank holds the correct texts found by either (rank 0 checkpoints its set)."""
+    """GRPO, PPO, IPS-GRPO (outcomes gathered over ranks) and FlowRL on 2 ranks: each step's
+    logged reward mean is over both ranks' rows, and every rank holds the correct texts found by
+    either (rank 0 checkpoints its set)."""
     run_ranks(rl_logging, tmp_path, loss)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["seen"] == ranks[1]["seen"]

@@ -23,7 +23,9 @@ def test_each_loss_reads_its_section_and_presets():
     with pytest.raises(ConfigError, match="rows_per_prompt 6 must each be a multiple"):
         build_config(overrides={"loss": "grpo", "optim.rows_per_prompt": 6})  # grouped
     assert build_config(overrides={"loss": "ppo", "optim.rows_per_prompt": 6})  # not grouped
-    assert list(LOSSES)[-7:] == ["grpo", "ppo", "dapo", "passk", "ucpo", "g2rpo", "rover"]
+    assert list(LOSSES)[-9:] == [
+        *("grpo", "ppo", "dapo", "passk", "ucpo", "g2rpo", "ips_grpo", "rover", "flowrl")
+    ]
 
 
 @pytest.mark.parametrize(
@@ -60,3 +62,22 @@ def test_grpo_variants_read_the_rl_section_and_presets():
     assert g2rpo.build_objective() == G2RPO(g2rpo_lambda=0.5, g2rpo_cap=1000.0)
     with pytest.raises(ConfigError, match="g2rpo_cap"):
         build_config(overrides={"loss": "g2rpo", "rl.g2rpo_cap": 0})
+
+
+def test_ips_grpo_and_flowrl_read_the_rl_section():
+    from raptb.core.rl.flowrl import FlowRL
+    from raptb.core.rl.ips_grpo import IPSGRPO
+
+    ips = build_config(overrides={"loss": "ips_grpo", "rl.ips_epsilon": 0.2})
+    assert ips.replay.kind == "none" and IPSGRPO.reads_outcomes
+    assert ips.build_objective() == IPSGRPO(ips_epsilon=0.2)
+    assert build_config(overrides={"loss": "ips_grpo"}).build_objective().ips_epsilon == 0.01
+    with pytest.raises(ConfigError, match="ips_epsilon"):
+        build_config(overrides={"loss": "ips_grpo", "rl.ips_epsilon": 1.5})
+    flowrl = build_config(overrides={"loss": "flowrl", "rl.num_generations": 4})
+    assert flowrl.replay.kind == "none"
+    assert flowrl.build_objective() == FlowRL(num_generations=4, flowrl_beta_coef=15.0)
+    with pytest.raises(ConfigError, match="flowrl_beta_coef"):
+        build_config(overrides={"loss": "flowrl", "rl.flowrl_beta_coef": 0})
+    with pytest.raises(ConfigError, match="replay 'none' only"):
+        build_config(overrides={"loss": "flowrl", "replay.kind": "rp"})

@@ -67,7 +67,8 @@ def test_rl_losses_train(tmp_path, loss, extra):
 
 
 @pytest.mark.parametrize(
-    ("loss", "extra"), [("grpo", {}), ("ppo", {}), ("ppo", {"rl.num_mini_batches": 2})]
+    ("loss", "extra"),
+    [("grpo", {}), ("ppo", {}), ("ppo", {"rl.num_mini_batches": 2}), ("flowrl", {"seed": 1})],
 )
 def test_resume_equals_uninterrupted_rl_run(tmp_path, loss, extra):
     cfg = small_config(loss=loss, steps=4, **extra)  # PPO: 4 epochs (TRL's default)
@@ -80,6 +81,10 @@ def test_resume_equals_uninterrupted_rl_run(tmp_path, loss, extra):
     resumed.train()
     a, b = straight.policy.model.state_dict(), resumed.policy.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+    if loss == "flowrl":  # log Z and its Adam state come back from trainer.pt (seed 1: with no
+        # correct row, as at seed 0, every advantage is 0 and pi = pi_ref leaves no residual)
+        assert float(straight.algorithm.log_z) != 0.0
+        assert torch.equal(straight.algorithm.log_z, resumed.algorithm.log_z)
     if loss == "ppo":
         va, vb = (
             straight.algorithm.value_head.state_dict(),

@@ -221,8 +221,9 @@ def test_shipped_studies_plan(study):
     # the quickstart one; the screens over the two seeds they were run with; the replay share over
     # five, five more seeds (5-9) of the default and a larger share, a larger buffer over five;
     # the RL methods' knob screen over two, their comparison over five, two unseen seeds and
-    # G²RPO's 5-9; the paper's horizon over five, its settings' screens over two, a larger buffer
-    # and G²RPO there over five
+    # G²RPO's 5-9, IPS-GRPO's and FlowRL's screen over two and comparison over five; the paper's
+    # horizon over five, its settings' screens over two, a larger buffer and G²RPO, IPS-GRPO and
+    # FlowRL there over five
     want = {
         "quickstart.toml": {0},
         "default_model.toml": {0, 1, 2, 3, 4},
@@ -237,11 +238,14 @@ def test_shipped_studies_plan(study):
         "diversity_zoo_unseen.toml": {13, 14},
         "diversity_zoo_g2rpo.toml": {5, 6, 7, 8, 9},
         "diversity_zoo_passk.toml": {5, 6, 7, 8, 9},
+        "diversity_zoo_ips_flowrl_screen.toml": {0, 1},
+        "diversity_zoo_ips_flowrl.toml": {0, 1, 2, 3, 4},
         "horizon_5000.toml": {0, 1, 2, 3, 4},
         "horizon_5000_frontier.toml": {0, 1},
         "horizon_5000_capacity.toml": {0, 1, 2, 3, 4},
         "horizon_frontier_more.toml": {0, 1},
         "horizon_5000_g2rpo.toml": {0, 1, 2, 3, 4},
+        "horizon_5000_ips_flowrl.toml": {0, 1, 2, 3, 4},
         "horizon_10000_capacity.toml": {0, 1, 2, 3, 4},
         "merge_copies.toml": {20, 21, 22, 23, 24},
         "fused_update.toml": {25, 26, 27, 28, 29},

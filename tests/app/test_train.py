@@ -92,7 +92,7 @@ def test_every_loss_entry_names_an_algorithm_of_the_loops_shape():
     from raptb.app.configuration.losses import LOSSES
     from raptb.app.training.gflownet.algorithm import GFlowNetAlgorithm
 
-    rl_losses = {"grpo", "ppo", "dapo", "passk", "ucpo", "g2rpo", "rover"}
+    rl_losses = {"grpo", "ppo", "dapo", "passk", "ucpo", "g2rpo", "ips_grpo", "rover", "flowrl"}
     assert set(OBJECTIVES) | rl_losses <= set(LOSSES)
     for name, loss in LOSSES.items():
         algorithm = loss.algorithm_class()

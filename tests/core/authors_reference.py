@@ -7,6 +7,13 @@ their constants), for the tests to hold raptb's implementations to.
   ``compute_dgrpo_advantage_outcome_invq_l``, commit 93ce5064d7373babc62b69a4a6b884ebfb7d658b
   (torch; the statistics bookkeeping left out, the arithmetic unchanged). The group id is the
   row's index // num_generations (their ``uid``), their mask the row's tau + 1 actions.
+- ``verl_grpo_outcome_advantage`` and ``verl_compute_flowrl``: FlowRL as volcengine/verl keeps it,
+  commit f11af2d5358ee808590f11230f9438e9c8f944a5: ``verl/trainer/ppo/core_algos.py``
+  ``compute_grpo_outcome_advantage`` (the advantages FlowRL's run script passes as its reward,
+  ``adv_estimator=grpo``) and ``recipe/flowrl/flowrl_actor.py`` ``FlowRLActor.compute_flowrl``
+  (the metrics left out), with ``verl/utils/torch_functional.py``'s ``masked_sum`` and
+  ``masked_mean``. Their ``response_mask`` is the row's tau + 1 actions (the response's EOS is the
+  stop), their ``index`` the row's index // num_generations.
 """
 
 from __future__ import annotations
@@ -201,3 +208,72 @@ def rover_loss(
     target = low_var_reward.float() + next_q
     loss = (q_values.float() - target.float().detach()) ** 2
     return (loss * response_mask).sum() / response_mask.sum()
+
+
+def verl_masked_sum(values, mask, axis=None):
+    valid_values = torch.where(mask.bool(), values, 0.0)
+    return (valid_values * mask).sum(axis=axis)
+
+
+def verl_masked_mean(values, mask, axis=None):
+    s = verl_masked_sum(values, mask, axis)
+    return s / (mask.sum(axis=axis) + 1e-8)
+
+
+def verl_grpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from collections import defaultdict
+
+    scores = token_level_rewards.sum(dim=-1)
+    id2score = defaultdict(list)
+    id2mean = {}
+    id2std = {}
+    with torch.no_grad():
+        bsz = scores.shape[0]
+        for i in range(bsz):
+            id2score[index[i]].append(scores[i])
+        for idx in id2score:
+            if len(id2score[idx]) == 1:
+                id2mean[idx] = torch.tensor(0.0)
+                id2std[idx] = torch.tensor(1.0)
+            elif len(id2score[idx]) > 1:
+                scores_tensor = torch.stack(id2score[idx])
+                id2mean[idx] = torch.mean(scores_tensor)
+                id2std[idx] = torch.std(scores_tensor)
+            else:
+                raise ValueError(f"no score in prompt index: {idx}")
+        for i in range(bsz):
+            if norm_adv_by_std_in_grpo:
+                scores[i] = (scores[i] - id2mean[index[i]]) / (id2std[index[i]] + epsilon)
+            else:
+                scores[i] = scores[i] - id2mean[index[i]]
+        scores = scores.unsqueeze(-1) * response_mask
+    return scores, scores
+
+
+def verl_compute_flowrl(
+    log_prob: torch.Tensor,
+    ref_log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    log_z: torch.Tensor,
+    reward: torch.Tensor,
+    response_mask: torch.Tensor,
+    flowrl_beta_coef: float = 15.0,
+) -> torch.Tensor:
+    """``compute_flowrl`` (``self.flowrl_beta_coef`` a parameter; ``log_z`` [B, 1], ProjZ's)."""
+    log_z = log_z.squeeze(-1)
+    avg_log_prob = verl_masked_mean(log_prob, response_mask, axis=1)
+    avg_ref_log_prob = verl_masked_mean(ref_log_prob, response_mask, axis=1)
+    seq_log_reward = verl_masked_mean(reward, response_mask, axis=1)
+    delta = log_z + avg_log_prob - flowrl_beta_coef * seq_log_reward - avg_ref_log_prob
+    log_w = verl_masked_sum(log_prob - old_log_prob, response_mask, axis=1)
+    imp_w_raw = torch.exp(log_w).detach()
+    imp_w = torch.clamp(imp_w_raw, max=10)
+    weighted_losses = imp_w * (delta**2)
+    avg_loss = torch.mean(weighted_losses)
+    return avg_loss

@@ -3,9 +3,9 @@
 ``scale_rewards = "batch"`` divides by their std), dapo/cispo normalised by all its actions, the
 loss accumulated over micro-batches of batch_size rows (app.training.rl.rl_step). The advantages are
 the objective's (``GRPO.advantages``): GRPO's group normalisation, or a subclass's (Pass@k's;
-UCPO's and G²RPO's, which also read each row's sequence log-prob). With ``rl.filter_groups`` the
-groups whose rewards are all equal are refilled first (DAPO's dynamic sampling,
-.dynamic_sampling)."""
+UCPO's and G²RPO's, which also read each row's sequence log-prob; IPS-GRPO's, which reads each
+row's outcome). With ``rl.filter_groups`` the groups whose rewards are all equal are refilled
+first (DAPO's dynamic sampling, .dynamic_sampling)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ from raptb.app.training.rl.rl_step import rl_loss_step, score_actions
 from raptb.app.training.rl.rollout import (
     OnPolicyRows,
     RLAlgorithm,
-    RLStats,
-    rl_record,
+    one_pass_record,
 )
 from raptb.app.training.step import LossResult, Trajectories
 from raptb.core.rl.entropy import AdaptiveEntropy
@@ -83,19 +82,23 @@ class GRPOAlgorithm(RLAlgorithm):
         terminal = torch.cat(rollout.terminal)
         actions = int(sum(int(piece.length.sum()) + len(piece.rows) for piece in rollout.pieces))
         sequences = self._sequence_log_probs(rollout)
+        outcomes = self._outcomes(rollout)
         # one gather: every process's rewards (rank order = row order), action count, and the
-        # rows' sequence log-probs and action counts when the advantages read them
-        shared = loop.dist.all_gather_object((terminal.tolist(), actions, sequences))
-        everyone = torch.tensor([r for rank, _, _ in shared for r in rank], dtype=terminal.dtype)
-        if sequences is None:
+        # rows' sequence log-probs and action counts, or outcomes, when the advantages read them
+        shared = loop.dist.all_gather_object((terminal.tolist(), actions, sequences, outcomes))
+        everyone = torch.tensor([r for rank, *_ in shared for r in rank], dtype=terminal.dtype)
+        if outcomes is not None:
+            everyone_outcomes = [x for *_, rank in shared for x in rank]
+            adv, std = objective.advantages(everyone, outcomes=everyone_outcomes)
+        elif sequences is None:
             adv, std = objective.advantages(everyone)
         else:
-            seq = torch.tensor([v for _, _, s in shared for v in s[0]], dtype=terminal.dtype)
-            lens = torch.tensor([v for _, _, s in shared for v in s[1]])
+            seq = torch.tensor([v for _, _, s, _ in shared for v in s[0]], dtype=terminal.dtype)
+            lens = torch.tensor([v for _, _, s, _ in shared for v in s[1]])
             adv, std = objective.advantages(everyone, seq, lens)
         own = slice(loop.dist.rank * len(terminal), (loop.dist.rank + 1) * len(terminal))
         adv, std = adv[own].to(terminal.device), std[own].to(terminal.device)
-        num_items = sum(count for _, count, _ in shared) / loop.dist.world_size
+        num_items = sum(count for _, count, *_ in shared) / loop.dist.world_size
         batches = rollout.micro_batches(loop.rank_batch)
         agree = loop.dist.all_true if loop.dist.sharding else None
         control = self.entropy_control
@@ -119,19 +122,9 @@ class GRPOAlgorithm(RLAlgorithm):
                 entropy_sums.append((result.diagnostics["entropy"] * count, count))
             return result
 
-        totals = loop.accumulate(
-            batches,
-            loss,
-            correct=rollout.correct,
-            on_policy=rollout.on_policy,
-            rewards=rollout.rewards,
-        )
-        if totals is None:
+        record = one_pass_record(loop, rollout, batches, loss, start)
+        if record is None:
             return None
-        stats = RLStats(
-            totals.loss, totals.diagnostics, totals.on_policy, len(totals.correct), totals.rewards
-        )
-        record = rl_record(loop, [stats], [stats], time.perf_counter() - start)
         if refill is not None:
             record.update(refill.record(len(terminal) // objective.num_generations))
         if control is not None:
@@ -144,6 +137,13 @@ class GRPOAlgorithm(RLAlgorithm):
         elif objective.uses_entropy:
             record["entropy_coef"] = objective.entropy_coef
         return record
+
+    def _outcomes(self, rollout: OnPolicyRows) -> list[tuple[int, ...]] | None:
+        """Each row's outcome, its token sequence (the stop excluded), when the objective's
+        advantages read it (``reads_outcomes``: IPS-GRPO's counts); else None."""
+        if not self.objective.reads_outcomes:
+            return None
+        return [row for piece in rollout.pieces for row in piece.rows]
 
     def _sequence_log_probs(self, rollout: OnPolicyRows) -> tuple[list[float], list[int]] | None:
         """Each row's sequence log-prob (sum over its tau + 1 actions at the rollout's

@@ -12,6 +12,7 @@ KL penalty is on (GRPO beta, PPO kl_coef) or the reward is log R with kappa > 0.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 from raptb.app.training.algorithm import Loop
+from raptb.app.training.micro_batch import MicroBatch, MicroBatchLoss
 from raptb.app.training.rl.rl_step import sequence_rewards
 from raptb.app.training.step import Trajectories, correct_texts, reward
 from raptb.app.training.step_batch import collect_step, micro_batches, on_policy_plan
@@ -152,3 +154,28 @@ def rl_record(
         record.setdefault(name, value if np.isfinite(value) else None)
     record.update(nonfinite_skipped=loop.nonfinite_total, seconds=seconds)
     return record
+
+
+def one_pass_record(
+    loop: Loop,
+    rollout: OnPolicyRows,
+    batches: Sequence[MicroBatch],
+    loss: MicroBatchLoss,
+    seconds_from: float,
+) -> dict[str, Any] | None:
+    """One optimizer step of ``loss`` over ``batches``, the micro-batches of ``rollout`` (the
+    loop's ``accumulate``), and its record (``rl_record``, the time since ``seconds_from``); None
+    when the loss was not finite somewhere."""
+    totals = loop.accumulate(
+        batches,
+        loss,
+        correct=rollout.correct,
+        on_policy=rollout.on_policy,
+        rewards=rollout.rewards,
+    )
+    if totals is None:
+        return None
+    stats = RLStats(
+        totals.loss, totals.diagnostics, totals.on_policy, len(totals.correct), totals.rewards
+    )
+    return rl_record(loop, [stats], [stats], time.perf_counter() - seconds_from)
