@@ -276,6 +276,10 @@ class GFlowNetTrainer(GRPOTrainer):
             self.buffer.add(replay_items(kept, generated, u, log_r, threshold))
             mode_metrics["gflownet/replayed_fraction"].append(len(draw.rows) / len(rows))
             mode_metrics["gflownet/buffer_size"].append(float(len(self.buffer)))
+        kept_rows = torch.as_tensor(
+            [b in replayed or not unscorable[b] for b in range(len(rows))],
+            device=completion_ids.device,
+        )
         return {
             "prompt_ids": prompt_ids,
             "prompt_mask": prompt_mask,
@@ -285,10 +289,10 @@ class GFlowNetTrainer(GRPOTrainer):
             "gfn_u": torch.as_tensor(u, dtype=torch.float32, device=completion_ids.device),
             "gfn_log_r": log_r,
             # the rows the loss trains on: replayed, or generated and scorable
-            "gfn_scorable": torch.as_tensor(
-                [b in replayed or not unscorable[b] for b in range(len(rows))],
-                device=completion_ids.device,
-            ),
+            "gfn_scorable": kept_rows,
+            # and how many there are in the whole generation batch, on every process (0-d: TRL's
+            # split_tensor_dict gives it whole to each micro-batch, as its num_items_in_batch)
+            "gfn_num_kept": self.accelerator.gather(kept_rows.sum().float()).sum(),
         }
 
     @torch.no_grad()
@@ -405,8 +409,24 @@ class GFlowNetTrainer(GRPOTrainer):
         for key, value in diagnostics.items():
             self._metrics[mode][f"gflownet/{key}"].append(value)
         if mode == "train":
-            loss = loss / self.current_gradient_accumulation_steps
+            loss = loss * len(batch.length) / self._rows_per_micro_batch(inputs["gfn_num_kept"])
         return loss
+
+    def _rows_per_micro_batch(self, num_kept: torch.Tensor) -> torch.Tensor:
+        """What a micro-batch's sum of per-row losses is divided by in training, so that the
+        gradients summed over a step's micro-batches (and averaged over processes) are those of
+        the mean over all the rows the step keeps, however many each micro-batch keeps.
+
+        As TRL 1.16.0 normalises its ``dapo`` loss (trl/trainer/grpo_trainer.py,
+        ``GRPOTrainer._compute_loss``: ``normalizer = inputs["num_items_in_batch"].clamp(min=1.0)
+        / self.accelerator.num_processes``, times ``self.current_gradient_accumulation_steps /
+        self.args.steps_per_generation`` in training), counting kept rows instead of completion
+        tokens: ``num_kept`` spans the generation batch on every process, which is one optimizer
+        step when ``steps_per_generation`` is the accumulation (TRL's default); otherwise the
+        generation batch's kept rows are spread evenly over its steps."""
+        normalizer = num_kept.clamp(min=1.0) / self.accelerator.num_processes
+        steps = self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        return normalizer * steps
 
     # --- checkpoints ---------------------------------------------------------------------------
 
