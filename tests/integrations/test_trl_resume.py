@@ -11,7 +11,6 @@ tests/app/test_distributed.py and tests/app/test_two_nodes.py on two.)
 from __future__ import annotations
 
 import math
-import string
 from pathlib import Path
 from typing import Any
 
@@ -26,24 +25,10 @@ from datasets import Dataset
 from transformers import TrainerCallback
 
 from raptb.integrations.trl import GFlowNetConfig, GFlowNetTrainer
-from tests.integrations.trl_fixtures import CPU_RUN, MAX_COMPLETION
+from tests.integrations.trl_fixtures import CPU_RUN, scorable_lowercase
 
 STEPS, SAVE = 4, 2
 LOG_Z_INIT = 30.0
-
-
-def scorable_lowercase(completions: list[str], **kwargs: Any) -> list[float | None]:
-    """The share of lowercase letters; None for a completion starting with a digit and NaN for
-    one starting with a punctuation mark (unscorable rows, as TRL marks them)."""
-    out: list[float | None] = []
-    for c in completions:
-        if c[:1].isdigit():
-            out.append(None)
-        elif c[:1] in string.punctuation:
-            out.append(math.nan)
-        else:
-            out.append(sum(ch.islower() for ch in c) / MAX_COMPLETION)
-    return out
 
 
 class StopAt(TrainerCallback):

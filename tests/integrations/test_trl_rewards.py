@@ -161,7 +161,8 @@ def test_unscorable_completions_are_left_out_of_the_loss_and_the_buffer(
 
     # the loss is the objective on the scorable rows alone
     loss = trainer._compute_loss(trainer.model, batch)
-    kept = {k: v[scorable] if torch.is_tensor(v) else v for k, v in batch.items()}
+    # (the rows' tensors; gfn_num_kept, 0-d, is the generation batch's count of kept rows)
+    kept = {k: v[scorable] if torch.is_tensor(v) and v.ndim else v for k, v in batch.items()}
     alone = trainer._compute_loss(trainer.model, kept)
     assert float(loss) == pytest.approx(float(alone), rel=1e-5)
     # every row unscorable: a zero loss that still reaches logZ's graph

@@ -3,6 +3,8 @@ toy rewards, for the TRL integration tests (CPU, no download)."""
 
 from __future__ import annotations
 
+import math
+import string
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,20 @@ def batch_rows(batch: dict[str, Any]) -> tuple[torch.Tensor, ...]:
 def a_count_reward(completions: list[str], **kwargs: Any) -> list[float]:
     """Toy task score in [0, 1]: the share of 'a' among the first six characters."""
     return [min(c.count("a"), MAX_COMPLETION) / MAX_COMPLETION for c in completions]
+
+
+def scorable_lowercase(completions: list[str], **kwargs: Any) -> list[float | None]:
+    """The share of lowercase letters; None for a completion starting with a digit and NaN for
+    one starting with a punctuation mark (unscorable rows, as TRL marks them)."""
+    out: list[float | None] = []
+    for c in completions:
+        if c[:1].isdigit():
+            out.append(None)
+        elif c[:1] in string.punctuation:
+            out.append(math.nan)
+        else:
+            out.append(sum(ch.islower() for ch in c) / MAX_COMPLETION)
+    return out
 
 
 def b_prefix_reward(completions: list[str], **kwargs: Any) -> list[float]:

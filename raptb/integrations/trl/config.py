@@ -144,7 +144,15 @@ class GFlowNetConfig(GRPOConfig):
     reward_temperature: float = _help(
         1.0, "Reward temperature T_R: the whole log-reward is divided by it."
     )
-    log_z_init: float = _help(0.0, "Initial value of the learned log-partition logZ.")
+    log_z_init: float = _help(
+        0.0,
+        "Initial value of the learned log-partition logZ (unless log_z_from_model finds one).",
+    )
+    log_z_from_model: bool = _help(
+        True,
+        "Start logZ from the model folder's gflownet_log_z.json (what save_model writes beside "
+        "the weights) when it has one, instead of log_z_init.",
+    )
     log_z_lr: float = _help(
         0.1, "Learning rate of logZ, a float32 scalar in its own optimizer group (no decay)."
     )

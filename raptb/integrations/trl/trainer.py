@@ -12,7 +12,8 @@ What changes (``versions.OVERRIDDEN_TRL_INTERNALS`` lists the TRL methods involv
   keeps (the initial weights; the adapter disabled with PEFT);
 - the loss is the configured core objective on (log_pf, log_pterm) of one forward pass of the
   policy (``prefix_log_probs``) and a learned float32 logZ in its own optimizer group;
-- checkpoints also hold logZ, the replay buffer and the replay sampler's state;
+- checkpoints also hold logZ, the replay buffer and the replay sampler's state, and a saved model
+  holds logZ, where a trainer on its folder starts (``checkpoint_state``);
 - every optimizer parameter's gradient, logZ's included, is cleared after each optimizer step
   (``gradients``: transformers clears the model's only).
 """
@@ -33,7 +34,14 @@ from trl.trainer.utils import use_adapter
 from raptb.core.gfn.batch import PrefixBatch
 from raptb.core.gfn.objectives import Objective
 from raptb.core.replay import ReplayBuffer, make_buffer
-from raptb.integrations.trl.checkpoint_state import load_gflownet_state, save_gflownet_state
+from raptb.integrations.trl.accumulation import rows_per_micro_batch
+from raptb.integrations.trl.checkpoint_state import (
+    initial_log_z,
+    load_gflownet_state,
+    model_folder,
+    save_gflownet_state,
+    save_log_z,
+)
 from raptb.integrations.trl.completions_table import log_completions, record_trained_rows
 from raptb.integrations.trl.config import GFlowNetConfig
 from raptb.integrations.trl.gradients import ClearGradients
@@ -142,8 +150,10 @@ class GFlowNetTrainer(GRPOTrainer):
         self._paper = card_paper(config.loss, config.replay)
         self.stop_ids = list(dict.fromkeys(int(i) for i in self.eos_token_ids))
         self.prefix_reward_func = prefix_reward_func
+        # log_z_init, or the logZ save_model wrote beside the model (checkpoint_state)
+        log_z = initial_log_z(config, model_folder(kwargs.get("model", args[0] if args else None)))
         self.log_z = torch.nn.Parameter(
-            torch.tensor(config.log_z_init, dtype=torch.float32, device=self.accelerator.device)
+            torch.tensor(log_z, dtype=torch.float32, device=self.accelerator.device)
         )
         if self.accelerator.num_processes > 1:
             # logZ lives outside the wrapped model, so its gradient is averaged here
@@ -276,6 +286,10 @@ class GFlowNetTrainer(GRPOTrainer):
             self.buffer.add(replay_items(kept, generated, u, log_r, threshold))
             mode_metrics["gflownet/replayed_fraction"].append(len(draw.rows) / len(rows))
             mode_metrics["gflownet/buffer_size"].append(float(len(self.buffer)))
+        kept_rows = torch.as_tensor(
+            [b in replayed or not unscorable[b] for b in range(len(rows))],
+            device=completion_ids.device,
+        )
         return {
             "prompt_ids": prompt_ids,
             "prompt_mask": prompt_mask,
@@ -285,10 +299,10 @@ class GFlowNetTrainer(GRPOTrainer):
             "gfn_u": torch.as_tensor(u, dtype=torch.float32, device=completion_ids.device),
             "gfn_log_r": log_r,
             # the rows the loss trains on: replayed, or generated and scorable
-            "gfn_scorable": torch.as_tensor(
-                [b in replayed or not unscorable[b] for b in range(len(rows))],
-                device=completion_ids.device,
-            ),
+            "gfn_scorable": kept_rows,
+            # and how many there are in the whole generation batch, on every process (0-d: TRL's
+            # split_tensor_dict gives it whole to each micro-batch, as its num_items_in_batch)
+            "gfn_num_kept": self.accelerator.gather(kept_rows.sum().float()).sum(),
         }
 
     @torch.no_grad()
@@ -404,8 +418,8 @@ class GFlowNetTrainer(GRPOTrainer):
                 diagnostics["log_z_estimate"] = idle
         for key, value in diagnostics.items():
             self._metrics[mode][f"gflownet/{key}"].append(value)
-        if mode == "train":
-            loss = loss / self.current_gradient_accumulation_steps
+        if mode == "train":  # the step's mean over its kept rows (accumulation module)
+            loss = loss * len(batch.length) / rows_per_micro_batch(self, inputs["gfn_num_kept"])
         return loss
 
     # --- checkpoints ---------------------------------------------------------------------------
@@ -416,6 +430,11 @@ class GFlowNetTrainer(GRPOTrainer):
             self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         )
         save_gflownet_state(self, folder)
+
+    def save_model(self, output_dir=None, _internal_call=False):
+        super().save_model(output_dir, _internal_call)
+        if self.args.should_save:  # the main process, as the weights
+            save_log_z(self, output_dir if output_dir is not None else self.args.output_dir)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)

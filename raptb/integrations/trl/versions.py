@@ -28,6 +28,7 @@ OVERRIDDEN_TRL_INTERNALS = (
     "GRPOTrainer._compute_loss (replaced: the GFlowNet objective)",
     "GRPOTrainer._save_checkpoint (extended: logZ, replay buffer and sampler state)",
     "GRPOTrainer._load_optimizer_and_scheduler (extended: restores them on resume)",
+    "Trainer.save_model (extended: logZ beside the saved model)",
     "Trainer.create_optimizer (extended: logZ's own parameter group)",
     "GRPOTrainer.log (wrapped: the completions table written by completions_table, its "
     "._logs rows rewritten after generation; reads .log_completions, .num_completions_to_print, "
@@ -70,6 +71,7 @@ OVERRIDDEN_SIGNATURES = {
     "create_optimizer": "(self, model=None)",
     "log": "(self, logs, start_time=None)",
     "_get_output_dir": "(self, trial)",
+    "save_model": "(self, output_dir=None, _internal_call=False)",
 }
 """The ``GRPOTrainer`` methods GFlowNetTrainer overrides or calls, with their parameters (names,
 kinds and defaults; annotations left out) as read in TRL ``TRL_VERSION_READ``."""
