@@ -22,8 +22,11 @@ on the same policy, one rollout each per repeat with the same generator seed, so
 machine load; the first ``WARMUP`` repeats are not timed (on CUDA the static path captures its
 graphs at a decoder's second rollout).
 Each rollout is closed by a device synchronisation. The static rollout is compared with the eager
-one: on the CPU they must have the same tokens and log-probs within 1e-5 (else the script stops);
-on a GPU the number of identical rollouts and the largest log-prob difference are reported. Per
+one by ``adapters.lm.decode_agreement.compare_rollouts``: ``identical`` (the same rows, log-probs
+within 1e-5), ``rounding`` (log-probs farther apart, or a draw flipped, with the static path no
+farther from a float64 copy of the model than rounding puts the eager one; the line printed gives
+the logits' difference at the flip and the draw's margin) or ``genuine``, which stops the script on
+the CPU; on a GPU every verdict is counted and reported. Per
 path: median ms per rollout (``step_s``), ms per token step (the rollout over its longest row's
 length: one forward and one draw per step), generated tokens per second, the rollout's own grammar
 time, and peak ``torch.cuda.max_memory_allocated``.
@@ -38,7 +41,10 @@ by step along its tokens, timing only the mask: "old" is ``GrammarBatch.next_mas
 ``model``, ``task``, ``rows``, ``max_length``, ``decode``, ``decode_ms_per_token_step``,
 ``tokens_per_s``, ``step_s`` (seconds per rollout), ``peak_mib`` (null on the CPU),
 ``graphs_captured`` (the static path ran as CUDA graphs: every decoder captured, none failed;
-false on the CPU and for eager) with ``graph_capture_error``, and the measurement's details.
+false on the CPU and for eager) with ``graph_capture_error``, the static record's
+``agreement_with_eager`` (timed repeats by verdict), ``max_abs_log_prob_difference`` (before any
+flip) and ``first_parting`` (the first flipped draw's description, or null), and the
+measurement's details.
 
 ``--baseline FILE`` instead alternates the ``sample_rollout`` of another version of
 ``raptb.adapters.lm.rollout`` (e.g. ``git show main:adapters/lm/rollout.py > FILE``) with the
@@ -67,6 +73,7 @@ from typing import Any
 import torch
 from train_step import FIXED_PROMPT, MODEL_CONFIGS, write_random_model
 
+from raptb.adapters.lm.decode_agreement import Agreement, compare_rollouts, float64_copy
 from raptb.adapters.lm.grammar import GrammarBatch, packed_width, unpack_bitmask
 from raptb.adapters.lm.policy import HFPolicy
 from raptb.adapters.lm.rollout import Rollout, sample_rollout
@@ -75,7 +82,6 @@ from raptb.app.task_and_policy import build_policy, build_task
 from raptb.core.ports import Task
 
 DECODES = ("eager", "static")
-TOLERANCE = 1e-5
 WARMUP = 2
 
 
@@ -104,22 +110,28 @@ def build(args: argparse.Namespace, model: str, length: int | None) -> tuple[HFP
     return build_policy(config.model, task, config.seed, lora=config.lora), task
 
 
-def same_rollout(a: Rollout, b: Rollout) -> bool:
-    return (
-        torch.equal(a.tokens, b.tokens)
-        and torch.equal(a.length, b.length)
-        and torch.allclose(a.log_pf, b.log_pf, rtol=0.0, atol=TOLERANCE)
-        and torch.allclose(a.log_pterm, b.log_pterm, rtol=0.0, atol=TOLERANCE)
+def agreement(
+    policy: HFPolicy,
+    references: dict[str, torch.nn.Module],
+    prompt: str,
+    rows: int,
+    repeat: int,
+    eager: Rollout,
+    static: Rollout,
+) -> Agreement:
+    """``compare_rollouts`` of a repeat's two rollouts (seed ``repeat``, temperature 1); the
+    float64 reference model is made once, on first need, and kept in ``references``."""
+    if "model" not in references:
+        references["model"] = float64_copy(policy.model)
+    return compare_rollouts(
+        policy,
+        references["model"],
+        [policy.prompt_ids(prompt)] * rows,
+        eager,
+        static,
+        generator=torch.Generator(device=policy.device).manual_seed(repeat),
+        temperature=torch.ones(rows),
     )
-
-
-def max_difference(a: Rollout, b: Rollout) -> float | None:
-    """Largest |log-prob difference| of two rollouts with the same tokens, else None."""
-    if not (torch.equal(a.tokens, b.tokens) and torch.equal(a.length, b.length)):
-        return None
-    # log_pterm has T + 1 >= 1 columns, so the maximum is over a non-empty tensor
-    difference = torch.cat([(a.log_pf - b.log_pf).flatten(), (a.log_pterm - b.log_pterm).flatten()])
-    return float(difference.abs().max())
 
 
 def grammar_fill_ms(policy: HFPolicy, rollout: Rollout, device: torch.device) -> dict[str, float]:
@@ -165,8 +177,11 @@ def measure(
     seconds: dict[str, list[float]] = {name: [] for name in DECODES}
     grammar_s: dict[str, list[float]] = {name: [] for name in DECODES}
     peak = dict.fromkeys(DECODES, 0.0)
-    tokens = steps = identical = 0
+    tokens = steps = 0
+    verdicts: dict[str, int] = dict.fromkeys(("identical", "rounding", "genuine"), 0)
     worst = 0.0
+    flip: str | None = None
+    references: dict[str, torch.nn.Module] = {}
     last: dict[str, Rollout] = {}
     for repeat in range(args.repeats + WARMUP):
         timed = repeat >= WARMUP
@@ -190,13 +205,16 @@ def measure(
                 grammar_s[name].append(last[name].timings.grammar_s)
                 if torch.cuda.is_available():
                     peak[name] = max(peak[name], torch.cuda.max_memory_allocated() / 2**20)
-        same = same_rollout(last["static"], last["eager"])
-        if device.type == "cpu" and not same:
+        found = agreement(policy, references, prompt, rows, repeat, last["eager"], last["static"])
+        if found.verdict != "identical":
+            print(f"rows {rows}, repeat {repeat}: static against eager {found.describe()}")
+        if device.type == "cpu" and found.verdict == "genuine":
             raise SystemExit(f"rows {rows}, repeat {repeat}: static and eager rollouts differ")
-        difference = max_difference(last["static"], last["eager"])
-        worst = max(worst, difference or 0.0)
+        worst = max(worst, found.log_prob_difference)
+        if found.parting is not None and flip is None:
+            flip = found.describe()
         if timed:
-            identical += same
+            verdicts[found.verdict] += 1
             tokens += int(last["eager"].length.sum())
             steps += max(1, int(last["eager"].length.max()))
     fill = grammar_fill_ms(policy, last["static"], device) if policy.grammar else {}
@@ -222,8 +240,10 @@ def measure(
             "threads": torch.get_num_threads(),
         }
         if name == "static":
-            record["identical_to_eager"] = f"{identical}/{args.repeats}"
+            record["identical_to_eager"] = f"{verdicts['identical']}/{args.repeats}"
+            record["agreement_with_eager"] = verdicts
             record["max_abs_log_prob_difference"] = worst
+            record["first_parting"] = flip
             graphs = policy.decoders.graph_summary()
             record["graphs_captured"] = graphs["captured"] > 0 and not graphs["failed"]
             record["graph_capture_error"] = graphs["error"]
@@ -236,10 +256,22 @@ def measure(
     return records
 
 
+def agreement_cell(record: dict[str, Any]) -> str:
+    """``identical/repeats``, with ``+ k rounding`` and ``+ k genuine`` where there are any."""
+    if "agreement_with_eager" not in record:
+        return ""
+    counts = record["agreement_with_eager"]
+    cell = f"{counts['identical']}/{record['repeats']}"
+    for verdict in ("rounding", "genuine"):
+        if counts[verdict]:
+            cell += f" + {counts[verdict]} {verdict}"
+    return cell
+
+
 def print_tables(records: list[dict[str, Any]]) -> None:
     print(
         "| rows | T | decode | ms per rollout | ms per token step | tokens/s | grammar ms per "
-        "rollout | peak MiB | static = eager |"
+        "rollout | peak MiB | static = eager (+ rounding) |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in records:
@@ -247,7 +279,7 @@ def print_tables(records: list[dict[str, Any]]) -> None:
         print(
             f"| {r['rows']} | {r['max_length']} | {r['decode']} | {r['step_s'] * 1e3:.1f} | "
             f"{r['decode_ms_per_token_step']:.2f} | {r['tokens_per_s']:.0f} | "
-            f"{r['grammar_ms_per_rollout']:.2f} | {peak} | {r.get('identical_to_eager', '')} |"
+            f"{r['grammar_ms_per_rollout']:.2f} | {peak} | {agreement_cell(r)} |"
         )
     fills = [r for r in records if r["decode"] == "static" and "grammar_fill_old_ms_per_step" in r]
     if fills:
