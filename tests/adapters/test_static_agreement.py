@@ -11,6 +11,8 @@ rounding-sized amount and by a larger one.
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -32,8 +34,10 @@ from raptb.adapters.lm.decode_agreement import (
 from raptb.adapters.lm.lora import apply_lora
 from raptb.adapters.lm.models import build_char_tokenizer
 from raptb.adapters.lm.policy import HFPolicy
-from raptb.adapters.lm.rollout_record import row_temperatures
+from raptb.adapters.lm.rollout import eager_logits
+from raptb.adapters.lm.rollout_record import row_temperatures, token_log_probs
 from raptb.adapters.lm.row_prompts import row_prompt_ids
+from raptb.adapters.lm.static_decode import static_logits
 from raptb.adapters.lm.static_decoder import StaticDecoder
 from raptb.adapters.lm.tokens import legal_token_ids, stop_token_id
 from raptb.adapters.tasks.expr24.task import expr24_grammar
@@ -247,3 +251,30 @@ def test_a_flipped_draw_is_told_rounding_or_genuine(
     assert parting.reference_margin == pytest.approx(parting.eager_margin, abs=1e-3 * bound)
     assert parting.static_logit_error == pytest.approx(shift, rel=0.05)
     assert parting.eager_logit_error < 1e-5
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_replayed_logits_are_the_rollouts(family: str) -> None:
+    """``eager_logits`` and ``static_logits`` (what ``compare_rollouts`` reads at a flip) are
+    each path's own logits: fed a rollout's first k columns, they give the log-probs it recorded
+    at column k bit for bit, per-row prompts and rows stopping at different lengths included."""
+    model = tiny_model(family, layers=2, heads=4, kv_heads=2, tied=True, seed=1, sharp=6.0)
+    policy = make_policy(model, GRAMMAR, lora=True)
+    prompt = [PROMPTS[i % 4] for i in range(6)]
+    prompt_rows = row_prompt_ids(policy.prompt_ids, prompt, 6)
+    replays = {"eager": eager_logits, "static": partial(static_logits, max_length=8)}
+    for decode, replay in replays.items():
+        policy.decode = decode  # type: ignore[assignment]
+        generator = torch.Generator().manual_seed(3)
+        rollout = policy.sample(prompt, 6, min_length=1, max_length=8, generator=generator)
+        assert len(set(rollout.length.tolist())) > 1
+        for k in range(int(rollout.length.max()) + 1):
+            logits = replay(policy, prompt_rows, rollout.tokens[:, :k])
+            token_lp, stop_lp = token_log_probs(
+                logits, rollout.tokens[:, min(k, 7)], policy.stop_id
+            )
+            live = rollout.length >= k
+            assert torch.equal(stop_lp[live], rollout.log_pterm[live, k])
+            if k < 8:
+                moved = rollout.length > k
+                assert torch.equal(token_lp[moved], rollout.log_pf[moved, k])
