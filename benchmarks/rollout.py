@@ -9,6 +9,7 @@ Usage (from the repository root):
         --lengths 10,64 --rows 32,128,256 --repeats 5 --json FILE
     python benchmarks/rollout.py --baseline FILE   # another version of raptb.adapters.lm.rollout
     python benchmarks/rollout.py --split 4 --rows 128 [--repeats 20]   # one rollout vs four
+    python benchmarks/rollout.py --model smollm2-135m --rows 32 --flip-search 20000
 
 The policy is the one ``raptb train`` builds (``build_task``, ``build_policy``: the task's
 alphabet, grammar and stop token; LoRA for a pretrained model; bf16 on CUDA).
@@ -54,6 +55,11 @@ current one on the eager path, requires bit-identical rollouts, and prints both 
 rows / N each (the trainer's layout after and before one rollout per optimizer step), on the
 configured decoding path, and prints the median milliseconds per step's rows of each, with
 generated tokens per second.
+
+``--flip-search N`` instead searches seeds 0..N-1 for one where rounding flips the first draw of
+``--rows`` rows (both paths' logits after the prompt, the grammar's first mask, each seed's first
+noise q, the paths' own ``argmax(softmax / q)``), rolls both paths out at that seed and prints
+``compare_rollouts``' verdict with the flip's logits difference and margins (CPU generators).
 """
 
 from __future__ import annotations
@@ -76,7 +82,8 @@ from train_step import FIXED_PROMPT, MODEL_CONFIGS, write_random_model
 from raptb.adapters.lm.decode_agreement import Agreement, compare_rollouts, float64_copy
 from raptb.adapters.lm.grammar import GrammarBatch, packed_width, unpack_bitmask
 from raptb.adapters.lm.policy import HFPolicy
-from raptb.adapters.lm.rollout import Rollout, sample_rollout
+from raptb.adapters.lm.rollout import Rollout, eager_logits, sample_rollout
+from raptb.adapters.lm.static_decode import static_logits
 from raptb.app.configuration.config import build_config
 from raptb.app.task_and_policy import build_policy, build_task
 from raptb.core.ports import Task
@@ -367,6 +374,63 @@ def split_main(args: argparse.Namespace, policy: HFPolicy, task: Task, rows: int
         print(f"| {name} | {median * 1e3:.1f} | {rate:.0f} |")
 
 
+def flip_main(args: argparse.Namespace, policy: HFPolicy, task: Task, rows: int) -> None:
+    """Seeds 0..N-1 searched for one where the two paths' first draw differs (both paths' logits
+    after the prompt, the grammar's first mask, each seed's first noise, the paths' own float32
+    formula); at the first found, both rollouts and ``compare_rollouts``' verdict."""
+    prompt = task.prompts()[0]
+    prompt_rows = [policy.prompt_ids(prompt)] * rows
+    none = torch.zeros(rows, 0, dtype=torch.long)
+    sub_ids = torch.tensor([*policy.legal_ids, policy.stop_id])
+    mask = torch.ones(rows, len(sub_ids), dtype=torch.bool)
+    grammar = policy.grammar_batch(rows)
+    if grammar is not None:
+        grammar.reset()
+        mask = unpack_bitmask(grammar.next_bitmask(), len(sub_ids))
+    if task.min_length > 0:
+        mask[:, -1] = False
+    behaviour = {
+        name: torch.softmax(logits.cpu()[:, sub_ids].masked_fill(~mask, float("-inf")), dim=1)
+        for name, logits in (
+            ("eager", eager_logits(policy, prompt_rows, none)),
+            ("static", static_logits(policy, prompt_rows, none, task.max_length)),
+        )
+    }
+    for seed in range(args.flip_search):
+        noise = torch.empty(rows, len(sub_ids)).exponential_(1, generator=manual_seed(seed))
+        eager, static = (torch.argmax(p / noise, dim=1) for p in behaviour.values())
+        if not torch.equal(eager, static):
+            break
+    else:
+        print(f"no first draw differs in seeds 0..{args.flip_search - 1} ({rows} rows)")
+        return
+    print(f"seed {seed}: the first draw differs in rows {(eager != static).nonzero().flatten()}")
+    rollouts = {}
+    for name in DECODES:
+        policy.decode = name
+        rollouts[name] = policy.sample(
+            prompt,
+            rows,
+            min_length=task.min_length,
+            max_length=task.max_length,
+            generator=manual_seed(seed),
+        )
+    found = compare_rollouts(
+        policy,
+        float64_copy(policy.model),
+        prompt_rows,
+        rollouts["eager"],
+        rollouts["static"],
+        generator=manual_seed(seed),
+        temperature=torch.ones(rows),
+    )
+    print(f"static against eager: {found.describe()}")
+
+
+def manual_seed(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="tiny")
@@ -380,6 +444,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="append the records to FILE")
     parser.add_argument("--baseline", type=Path, default=None)
     parser.add_argument("--split", type=int, default=None, help="one rollout against N")
+    parser.add_argument(
+        "--flip-search", type=int, default=None, help="seeds to search for a flipped first draw"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, model_name = args.model, args.model
@@ -399,6 +466,8 @@ def main() -> None:
                 baseline_main(args, policy, task, rows)
             elif args.split is not None:
                 split_main(args, policy, task, rows)
+            elif args.flip_search is not None:
+                flip_main(args, policy, task, rows)
             else:
                 records += measure(args, policy, task, model_name, rows)
         del policy
