@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -50,10 +50,10 @@ Verdict = Literal["identical", "rounding", "genuine"]
 @dataclass(frozen=True)
 class Parting:
     """The first column where a row's tokens differ: row, column, the sub-vocabulary index each
-    path drew (L is stop), the largest |logit difference| between the paths over the allowed
-    candidates' sub-vocabulary, each path's margin for its own draw over the other's, the float64
-    reference's margin (eager's candidate over static's; either sign) and each path's largest
-    |logit - reference| over the whole vocabulary."""
+    path drew (L is stop), the largest |logit difference| between the paths over the
+    sub-vocabulary (the legal tokens and stop), each path's margin for its own draw over the
+    other's, the float64 reference's margin (eager's candidate over static's; either sign) and
+    each path's largest |logit - reference| over the whole vocabulary."""
 
     row: int
     column: int
@@ -123,6 +123,7 @@ def compare_rollouts(
     always_reference: measure both paths' distances to the reference even when the rollouts are
     identical (tests; the verdict is the same).
     """
+    eager, static = _on_cpu(eager), _on_cpu(static)
     big_t = eager.tokens.shape[1]
     column = _first_parting_column(eager, static)
     pf_cols = torch.arange(big_t)[None, :] < min(column, big_t)
@@ -156,6 +157,16 @@ def compare_rollouts(
     if same_rows and difference <= TOLERANCE:
         verdict = "identical"
     return Agreement(verdict, same_rows, difference, eager_error, static_error, parting)
+
+
+def _on_cpu(rollout: Rollout) -> Rollout:
+    return replace(
+        rollout,
+        tokens=rollout.tokens.cpu(),
+        length=rollout.length.cpu(),
+        log_pf=rollout.log_pf.cpu(),
+        log_pterm=rollout.log_pterm.cpu(),
+    )
 
 
 def _within_rounding(static_error: float, eager_error: float) -> bool:
@@ -264,7 +275,7 @@ def _parting(
     for _ in range(column + 1):  # each column draws q [n, L + 1] (static_decode's docstring)
         noise = torch.empty(n, num_legal + 1, device=generator.device)
         noise.exponential_(1, generator=generator)
-    log_q, temp = noise[row].cpu().double().log(), float(temperature[row])
+    log_q, temp = noise[row].cpu().double().log(), float(temperature[row].cpu())
     pair = [int(choice["eager"][row]), int(choice["static"][row])]
 
     def margin(z: torch.Tensor) -> float:
