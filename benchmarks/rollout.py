@@ -9,6 +9,7 @@ Usage (from the repository root):
         --lengths 10,64 --rows 32,128,256 --repeats 5 --json FILE
     python benchmarks/rollout.py --baseline FILE   # another version of raptb.adapters.lm.rollout
     python benchmarks/rollout.py --split 4 --rows 128 [--repeats 20]   # one rollout vs four
+    python benchmarks/rollout.py --model smollm2-135m --rows 32 --flip-search 20000
 
 The policy is the one ``raptb train`` builds (``build_task``, ``build_policy``: the task's
 alphabet, grammar and stop token; LoRA for a pretrained model; bf16 on CUDA).
@@ -22,8 +23,11 @@ on the same policy, one rollout each per repeat with the same generator seed, so
 machine load; the first ``WARMUP`` repeats are not timed (on CUDA the static path captures its
 graphs at a decoder's second rollout).
 Each rollout is closed by a device synchronisation. The static rollout is compared with the eager
-one: on the CPU they must have the same tokens and log-probs within 1e-5 (else the script stops);
-on a GPU the number of identical rollouts and the largest log-prob difference are reported. Per
+one by ``adapters.lm.gpu.decode_agreement.compare_rollouts``: ``identical`` (the same rows,
+log-probs within 1e-5), ``rounding`` (log-probs farther apart, or a draw flipped, with the static
+path no farther from a float64 copy of the model than rounding puts the eager one; the line printed
+gives the logits' difference at the flip and the draw's margin) or ``genuine``, which stops the
+script on the CPU; on a GPU every verdict is counted and reported. Per
 path: median ms per rollout (``step_s``), ms per token step (the rollout over its longest row's
 length: one forward and one draw per step), generated tokens per second, the rollout's own grammar
 time, and peak ``torch.cuda.max_memory_allocated``.
@@ -38,7 +42,10 @@ by step along its tokens, timing only the mask: "old" is ``GrammarBatch.next_mas
 ``model``, ``task``, ``rows``, ``max_length``, ``decode``, ``decode_ms_per_token_step``,
 ``tokens_per_s``, ``step_s`` (seconds per rollout), ``peak_mib`` (null on the CPU),
 ``graphs_captured`` (the static path ran as CUDA graphs: every decoder captured, none failed;
-false on the CPU and for eager) with ``graph_capture_error``, and the measurement's details.
+false on the CPU and for eager) with ``graph_capture_error``, the static record's
+``agreement_with_eager`` (timed repeats by verdict), ``max_abs_log_prob_difference`` (before any
+flip) and ``first_parting`` (the first flipped draw's description, or null), and the
+measurement's details.
 
 ``--baseline FILE`` instead alternates the ``sample_rollout`` of another version of
 ``raptb.adapters.lm.rollout`` (e.g. ``git show main:adapters/lm/rollout.py > FILE``) with the
@@ -48,6 +55,11 @@ current one on the eager path, requires bit-identical rollouts, and prints both 
 rows / N each (the trainer's layout after and before one rollout per optimizer step), on the
 configured decoding path, and prints the median milliseconds per step's rows of each, with
 generated tokens per second.
+
+``--flip-search N`` instead searches seeds 0..N-1 for one where rounding flips the first draw of
+``--rows`` rows (both paths' logits after the prompt, the grammar's first mask, each seed's first
+noise q, the paths' own ``argmax(softmax / q)``), rolls both paths out at that seed and prints
+``compare_rollouts``' verdict with the flip's logits difference and margins (CPU generators).
 """
 
 from __future__ import annotations
@@ -67,15 +79,16 @@ from typing import Any
 import torch
 from train_step import FIXED_PROMPT, MODEL_CONFIGS, write_random_model
 
+from raptb.adapters.lm.gpu.decode_agreement import Agreement, compare_rollouts, float64_copy
+from raptb.adapters.lm.gpu.static_decode import static_logits
 from raptb.adapters.lm.grammar import GrammarBatch, packed_width, unpack_bitmask
 from raptb.adapters.lm.policy import HFPolicy
-from raptb.adapters.lm.rollout import Rollout, sample_rollout
+from raptb.adapters.lm.rollout import Rollout, eager_logits, sample_rollout
 from raptb.app.configuration.config import build_config
 from raptb.app.task_and_policy import build_policy, build_task
 from raptb.core.ports import Task
 
 DECODES = ("eager", "static")
-TOLERANCE = 1e-5
 WARMUP = 2
 
 
@@ -104,22 +117,28 @@ def build(args: argparse.Namespace, model: str, length: int | None) -> tuple[HFP
     return build_policy(config.model, task, config.seed, lora=config.lora), task
 
 
-def same_rollout(a: Rollout, b: Rollout) -> bool:
-    return (
-        torch.equal(a.tokens, b.tokens)
-        and torch.equal(a.length, b.length)
-        and torch.allclose(a.log_pf, b.log_pf, rtol=0.0, atol=TOLERANCE)
-        and torch.allclose(a.log_pterm, b.log_pterm, rtol=0.0, atol=TOLERANCE)
+def agreement(
+    policy: HFPolicy,
+    references: dict[str, torch.nn.Module],
+    prompt: str,
+    rows: int,
+    repeat: int,
+    eager: Rollout,
+    static: Rollout,
+) -> Agreement:
+    """``compare_rollouts`` of a repeat's two rollouts (seed ``repeat``, temperature 1); the
+    float64 reference model is made once, on first need, and kept in ``references``."""
+    if "model" not in references:
+        references["model"] = float64_copy(policy.model)
+    return compare_rollouts(
+        policy,
+        references["model"],
+        [policy.prompt_ids(prompt)] * rows,
+        eager,
+        static,
+        generator=torch.Generator(device=policy.device).manual_seed(repeat),
+        temperature=torch.ones(rows),
     )
-
-
-def max_difference(a: Rollout, b: Rollout) -> float | None:
-    """Largest |log-prob difference| of two rollouts with the same tokens, else None."""
-    if not (torch.equal(a.tokens, b.tokens) and torch.equal(a.length, b.length)):
-        return None
-    # log_pterm has T + 1 >= 1 columns, so the maximum is over a non-empty tensor
-    difference = torch.cat([(a.log_pf - b.log_pf).flatten(), (a.log_pterm - b.log_pterm).flatten()])
-    return float(difference.abs().max())
 
 
 def grammar_fill_ms(policy: HFPolicy, rollout: Rollout, device: torch.device) -> dict[str, float]:
@@ -165,8 +184,11 @@ def measure(
     seconds: dict[str, list[float]] = {name: [] for name in DECODES}
     grammar_s: dict[str, list[float]] = {name: [] for name in DECODES}
     peak = dict.fromkeys(DECODES, 0.0)
-    tokens = steps = identical = 0
+    tokens = steps = 0
+    verdicts: dict[str, int] = dict.fromkeys(("identical", "rounding", "genuine"), 0)
     worst = 0.0
+    flip: str | None = None
+    references: dict[str, torch.nn.Module] = {}
     last: dict[str, Rollout] = {}
     for repeat in range(args.repeats + WARMUP):
         timed = repeat >= WARMUP
@@ -190,13 +212,16 @@ def measure(
                 grammar_s[name].append(last[name].timings.grammar_s)
                 if torch.cuda.is_available():
                     peak[name] = max(peak[name], torch.cuda.max_memory_allocated() / 2**20)
-        same = same_rollout(last["static"], last["eager"])
-        if device.type == "cpu" and not same:
+        found = agreement(policy, references, prompt, rows, repeat, last["eager"], last["static"])
+        if found.verdict != "identical":
+            print(f"rows {rows}, repeat {repeat}: static against eager {found.describe()}")
+        if device.type == "cpu" and found.verdict == "genuine":
             raise SystemExit(f"rows {rows}, repeat {repeat}: static and eager rollouts differ")
-        difference = max_difference(last["static"], last["eager"])
-        worst = max(worst, difference or 0.0)
+        worst = max(worst, found.log_prob_difference)
+        if found.parting is not None and flip is None:
+            flip = found.describe()
         if timed:
-            identical += same
+            verdicts[found.verdict] += 1
             tokens += int(last["eager"].length.sum())
             steps += max(1, int(last["eager"].length.max()))
     fill = grammar_fill_ms(policy, last["static"], device) if policy.grammar else {}
@@ -222,8 +247,10 @@ def measure(
             "threads": torch.get_num_threads(),
         }
         if name == "static":
-            record["identical_to_eager"] = f"{identical}/{args.repeats}"
+            record["identical_to_eager"] = f"{verdicts['identical']}/{args.repeats}"
+            record["agreement_with_eager"] = verdicts
             record["max_abs_log_prob_difference"] = worst
+            record["first_parting"] = flip
             graphs = policy.decoders.graph_summary()
             record["graphs_captured"] = graphs["captured"] > 0 and not graphs["failed"]
             record["graph_capture_error"] = graphs["error"]
@@ -236,10 +263,22 @@ def measure(
     return records
 
 
+def agreement_cell(record: dict[str, Any]) -> str:
+    """``identical/repeats``, with ``+ k rounding`` and ``+ k genuine`` where there are any."""
+    if "agreement_with_eager" not in record:
+        return ""
+    counts = record["agreement_with_eager"]
+    cell = f"{counts['identical']}/{record['repeats']}"
+    for verdict in ("rounding", "genuine"):
+        if counts[verdict]:
+            cell += f" + {counts[verdict]} {verdict}"
+    return cell
+
+
 def print_tables(records: list[dict[str, Any]]) -> None:
     print(
         "| rows | T | decode | ms per rollout | ms per token step | tokens/s | grammar ms per "
-        "rollout | peak MiB | static = eager |"
+        "rollout | peak MiB | static = eager (+ rounding) |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in records:
@@ -247,7 +286,7 @@ def print_tables(records: list[dict[str, Any]]) -> None:
         print(
             f"| {r['rows']} | {r['max_length']} | {r['decode']} | {r['step_s'] * 1e3:.1f} | "
             f"{r['decode_ms_per_token_step']:.2f} | {r['tokens_per_s']:.0f} | "
-            f"{r['grammar_ms_per_rollout']:.2f} | {peak} | {r.get('identical_to_eager', '')} |"
+            f"{r['grammar_ms_per_rollout']:.2f} | {peak} | {agreement_cell(r)} |"
         )
     fills = [r for r in records if r["decode"] == "static" and "grammar_fill_old_ms_per_step" in r]
     if fills:
@@ -335,6 +374,63 @@ def split_main(args: argparse.Namespace, policy: HFPolicy, task: Task, rows: int
         print(f"| {name} | {median * 1e3:.1f} | {rate:.0f} |")
 
 
+def flip_main(args: argparse.Namespace, policy: HFPolicy, task: Task, rows: int) -> None:
+    """Seeds 0..N-1 searched for one where the two paths' first draw differs (both paths' logits
+    after the prompt, the grammar's first mask, each seed's first noise, the paths' own float32
+    formula); at the first found, both rollouts and ``compare_rollouts``' verdict."""
+    prompt = task.prompts()[0]
+    prompt_rows = [policy.prompt_ids(prompt)] * rows
+    none = torch.zeros(rows, 0, dtype=torch.long)
+    sub_ids = torch.tensor([*policy.legal_ids, policy.stop_id])
+    mask = torch.ones(rows, len(sub_ids), dtype=torch.bool)
+    grammar = policy.grammar_batch(rows)
+    if grammar is not None:
+        grammar.reset()
+        mask = unpack_bitmask(grammar.next_bitmask(), len(sub_ids))
+    if task.min_length > 0:
+        mask[:, -1] = False
+    behaviour = {
+        name: torch.softmax(logits.cpu()[:, sub_ids].masked_fill(~mask, float("-inf")), dim=1)
+        for name, logits in (
+            ("eager", eager_logits(policy, prompt_rows, none)),
+            ("static", static_logits(policy, prompt_rows, none, task.max_length)),
+        )
+    }
+    for seed in range(args.flip_search):
+        noise = torch.empty(rows, len(sub_ids)).exponential_(1, generator=manual_seed(seed))
+        eager, static = (torch.argmax(p / noise, dim=1) for p in behaviour.values())
+        if not torch.equal(eager, static):
+            break
+    else:
+        print(f"no first draw differs in seeds 0..{args.flip_search - 1} ({rows} rows)")
+        return
+    print(f"seed {seed}: the first draw differs in rows {(eager != static).nonzero().flatten()}")
+    rollouts = {}
+    for name in DECODES:
+        policy.decode = name
+        rollouts[name] = policy.sample(
+            prompt,
+            rows,
+            min_length=task.min_length,
+            max_length=task.max_length,
+            generator=manual_seed(seed),
+        )
+    found = compare_rollouts(
+        policy,
+        float64_copy(policy.model),
+        prompt_rows,
+        rollouts["eager"],
+        rollouts["static"],
+        generator=manual_seed(seed),
+        temperature=torch.ones(rows),
+    )
+    print(f"static against eager: {found.describe()}")
+
+
+def manual_seed(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="tiny")
@@ -348,6 +444,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="append the records to FILE")
     parser.add_argument("--baseline", type=Path, default=None)
     parser.add_argument("--split", type=int, default=None, help="one rollout against N")
+    parser.add_argument(
+        "--flip-search", type=int, default=None, help="seeds to search for a flipped first draw"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, model_name = args.model, args.model
@@ -367,6 +466,8 @@ def main() -> None:
                 baseline_main(args, policy, task, rows)
             elif args.split is not None:
                 split_main(args, policy, task, rows)
+            elif args.flip_search is not None:
+                flip_main(args, policy, task, rows)
             else:
                 records += measure(args, policy, task, model_name, rows)
         del policy

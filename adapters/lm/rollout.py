@@ -171,6 +171,35 @@ def sample_rollout(
     )
 
 
+@torch.no_grad()
+def eager_logits(
+    policy: RolloutPolicy, prompt_rows: Sequence[Sequence[int]], tokens: torch.Tensor
+) -> torch.Tensor:
+    """The logits [n, V] (float32) the eager rollout reads at column k after each row's prompt
+    ids ``prompt_rows`` and ``tokens`` [n, k] (a rollout's first k columns: ``pad_id`` after a
+    stop), by the rollout's own forwards (its decoder fed ``tokens``), so that a rollout's draw
+    at column k can be re-examined (``adapters.lm.gpu.decode_agreement``)."""
+    device = policy.device
+    was_training = policy.model.training
+    decoder: _Decoder
+    try:
+        if policy.uses_lean_gpt2(policy.model):
+            prompts = lean_gpt2.prompt_logits_and_past(
+                policy.model, prompt_rows, policy.pad_id, device
+            )
+            decoder = _LeanDecoder(policy.model, prompts)
+        else:
+            policy.model.eval()
+            padded = left_padded(prompt_rows, policy.pad_id, device)
+            decoder = _ModelDecoder(policy.model, padded, tokens.shape[1])
+        logits = decoder.prompt_logits
+        for column in tokens.to(device).T:
+            logits = decoder.next_logits(column)
+    finally:
+        policy.model.train(was_training)
+    return logits.float().clone()
+
+
 def _eager_rollout(
     policy: RolloutPolicy,
     prompt: str | Sequence[str],

@@ -39,7 +39,7 @@ from typing import Protocol
 
 import torch
 
-from raptb.adapters.lm.gpu.static_decoder import StaticDecoders, bucket_rows
+from raptb.adapters.lm.gpu.static_decoder import StaticDecoder, StaticDecoders, bucket_rows
 from raptb.adapters.lm.grammar import GrammarBatch
 from raptb.adapters.lm.rollout_record import Rollout, RolloutTimings, row_temperatures
 from raptb.adapters.lm.row_prompts import check_rollout_shape, row_prompt_ids
@@ -82,21 +82,11 @@ def static_rollout(
     check_rollout_shape(n, min_length, max_length)
     start = time.perf_counter()
     model_s = grammar_s = 0.0
-    device = policy.device
     prompts = row_prompt_ids(policy.prompt_ids, prompt, n)
     prompt_len = max(len(ids) for ids in prompts)
     policy.check_positions(prompt_len, max_length)
     temp = row_temperatures(temperature, n)
-    sub_ids = torch.tensor([*policy.legal_ids, policy.stop_id], dtype=torch.long, device=device)
-    decoder = policy.decoders.get(
-        policy.model,
-        bucket_rows(n),
-        prompt_len,
-        max_length,
-        sub_ids,
-        stop_id=policy.stop_id,
-        pad_id=policy.pad_id,
-    )
+    decoder = _decoder(policy, n, prompt_len, max_length)
     grammar = policy.grammar_batch(n)
     was_training = policy.model.training
     policy.model.eval()
@@ -151,3 +141,39 @@ def static_rollout(
     timings = RolloutTimings(model_s, grammar_s, time.perf_counter() - start)
     texts = [policy.row_text(row) for row in kept]
     return Rollout(tokens, length, log_pf, log_pterm, texts, kept, timings)
+
+
+@torch.no_grad()
+def static_logits(
+    policy: DecodingPolicy,
+    prompt_rows: Sequence[Sequence[int]],
+    tokens: torch.Tensor,
+    max_length: int,
+) -> torch.Tensor:
+    """The logits [n, V] (float32) that ``static_rollout`` of ``max_length`` reads at column k
+    after each row's prompt ids ``prompt_rows`` and ``tokens`` [n, k] (its first k columns,
+    ``pad_id`` after a stop): the same decoder (bucket, prompt positions, cache length) fed
+    ``tokens`` (``StaticDecoder.forced_logits``)."""
+    decoder = _decoder(policy, len(prompt_rows), max(map(len, prompt_rows)), max_length)
+    was_training = policy.model.training
+    policy.model.eval()
+    try:
+        return decoder.forced_logits(prompt_rows, tokens)
+    finally:
+        policy.model.train(was_training)
+
+
+def _decoder(policy: DecodingPolicy, n: int, prompt_len: int, max_length: int) -> StaticDecoder:
+    """The policy's decoder of n rows' bucket, ``prompt_len`` prompt positions, ``max_length``."""
+    sub_ids = torch.tensor(
+        [*policy.legal_ids, policy.stop_id], dtype=torch.long, device=policy.device
+    )
+    return policy.decoders.get(
+        policy.model,
+        bucket_rows(n),
+        prompt_len,
+        max_length,
+        sub_ids,
+        stop_id=policy.stop_id,
+        pad_id=policy.pad_id,
+    )

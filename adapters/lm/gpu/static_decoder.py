@@ -124,6 +124,20 @@ class StaticDecoder:
         self.packed.fill_(-1)
         self.noise.fill_(1.0)
 
+    def forced_logits(self, prompts: Sequence[Sequence[int]], tokens: torch.Tensor) -> torch.Tensor:
+        """The logits [n, V] (float32) a rollout reads at column k after ``prompts`` (n <= B
+        rows) and ``tokens`` [n, k] (its first k columns: ``pad_id`` after a stop), by the
+        rollout's own forwards (a ``start``, then ``forward`` fed each column), so that a draw
+        at column k can be re-examined (``adapters.lm.gpu.decode_agreement``). Spoils the record."""
+        n = len(prompts)
+        self.start(prompts, torch.ones(n), 0)
+        for column in tokens.to(self.input_ids.device).T:
+            self.input_ids.fill_(self.pad_id)
+            self.input_ids[:n, 0] = column
+            self.forward()
+        assert self.logits is not None
+        return self.logits[:n].float().clone()
+
     def _sample_part(self) -> None:
         """Column ``step`` of the record from ``logits``, ``packed`` and ``noise``; the drawn tokens
         into ``input_ids`` and ``moved`` (-1 where the row does not move). Graph-safe: fixed
