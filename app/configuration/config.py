@@ -309,24 +309,19 @@ def task_presets(task: object) -> dict[str, Any]:
     return _merge(base, dict(spec.defaults))
 
 
-def _with_buffer_defaults(
-    data: dict[str, Any], chosen: set[str], *, recorded: bool
-) -> dict[str, Any]:
+def _with_buffer_defaults(data: dict[str, Any], chosen: set[str]) -> dict[str, Any]:
     """``data`` with the buffer kind's own defaults under it (app.configuration.buffer_defaults);
     ``[replay]`` options the file or the flags set (``chosen``) that the kind does not read are a
-    ConfigError, or, for a ``recorded`` config.toml, dropped."""
+    ConfigError."""
     replay = data.get("replay", {})
     if not isinstance(replay, dict):
         return data  # validation reports it
     fields_ = set(ReplayConfig.model_fields)
     kind = replay.get("kind", ReplayConfig.model_fields["kind"].default)
-    if recorded:
-        data = {**data, "replay": buffer_defaults.recorded({**replay, "kind": kind})}
-    else:
-        try:
-            buffer_defaults.check_chosen(kind, chosen, fields_)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+    try:
+        buffer_defaults.check_chosen(kind, chosen, fields_)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     return _merge(buffer_defaults.own_defaults(kind, fields_), data)
 
 
@@ -361,6 +356,8 @@ def build_config(
         data = _merge(data, nested)
     chosen_split = {"batch_size", "grad_accum"} & set(data.get("optim", {}))
     replay = data.get("replay")
+    if recorded and isinstance(replay, dict) and "kind" in replay:
+        data["replay"] = replay = buffer_defaults.recorded(replay)
     chosen_replay = set(replay) if isinstance(replay, dict) else set()
     data = _merge(task_presets(data.get("task", DEFAULT_TASK)), data)
     if data.get("model", "tiny") != "tiny":
@@ -376,7 +373,7 @@ def build_config(
     task = data.get("task", DEFAULT_TASK)
     if isinstance(task, str) and task in task_names() and task_spec(task).options.model_fields:
         data.setdefault(task, {})
-    data = _with_buffer_defaults(data, chosen_replay, recorded=recorded)
+    data = _with_buffer_defaults(data, chosen_replay)
     gflownet = known and loss_entry(loss).section == "objective"
     if data.get("model", "tiny") == "tiny" and gflownet and not chosen_split:
         data = _one_micro_batch(data)
