@@ -267,7 +267,7 @@ def test_an_option_the_kind_does_not_read_is_refused(plug_ins: None, overrides, 
 
 
 def test_the_cli_refuses_it_in_one_line_with_exit_2(plug_ins: None, tmp_path: Path):
-    args = ["train", "--replay", "bare_recorded", "--replay.capacity", "1000"]
+    args = ["train", "--replay", "bare_recorded", "--replay.capacity", "1000", "--steps", "1"]
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "run")])
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
