@@ -10,8 +10,10 @@ plug-in's); ``make_trainer`` and ``RLTrainer`` are deprecated names for it, whic
 
 A plug-in writes against the names exported here: ``Objective`` and ``register_objective`` (a
 GFlowNet objective), ``RLObjective``, ``Loss`` and ``Algorithm`` (an RL loss and the shape of its
-training algorithm), ``ReplayBuffer`` and ``register_buffer`` (a replay buffer), ``TaskSpec`` and
-``register_task`` (a task).
+training algorithm), ``GRPO``, ``GRPOAlgorithm`` and ``GRPO_ALGORITHM`` (a loss that changes
+GRPO's advantages, trained by GRPO's algorithm), ``ON_POLICY`` (the presets of a loss without
+replay), ``ReplayBuffer``, ``BufferOption`` and ``register_buffer`` (a replay buffer and its
+``[replay]`` options), ``TaskSpec`` and ``register_task`` (a task).
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ _EXPORTS = {
     "make_buffer": "raptb.core.replay",
     "register_buffer": "raptb.core.replay",
     "ReplayBuffer": "raptb.core.replay",
+    "BufferOption": "raptb.core.replay",
     "RLObjective": "raptb.core.rl.base",
+    "GRPO": "raptb.core.rl.grpo",
     "ReplayItem": "raptb.core.replay",
     "Score": "raptb.core.ports",
     "Task": "raptb.core.ports",
@@ -55,7 +59,10 @@ _EXPORTS = {
     "build_config": "raptb.app.configuration.config",
     "Trainer": "raptb.app.training.train",
     "Loss": "raptb.app.configuration.losses",
+    "ON_POLICY": "raptb.app.configuration.losses",
+    "GRPO_ALGORITHM": "raptb.app.configuration.losses",
     "Algorithm": "raptb.app.training.algorithm",
+    "GRPOAlgorithm": "raptb.app.training.rl.grpo",
     "RLTrainer": "raptb.deprecated",
     "make_trainer": "raptb.deprecated",
     "evaluate": "raptb.app.evaluation.evaluate",

@@ -63,3 +63,47 @@ def test_the_loss_example_is_a_loss_that_trains_with_its_own_default(
     config = raptb.build_config(overrides={"loss": "tight_grpo", **small})
     assert config.build_objective().epsilon == 0.05
     assert raptb.Trainer(config, tmp_path / "run", progress=False).train().step == 2
+
+
+BUFFER_PAGE = Path(__file__).resolve().parents[1] / "docs" / "adding-a-replay-buffer.md"
+
+
+def test_the_replay_buffer_pages_example_trains_with_the_buffers_own_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/adding-a-replay-buffer.md's example runs as written: the run trains with the
+    buffer's own capacity (50, not [replay]'s 200), config.toml records it and no option the
+    buffer does not read, and an option it does not read is refused as the page shows."""
+    import tomllib
+
+    import raptb
+    from raptb.app.configuration.config import ConfigError
+    from raptb.core.replay import BUFFERS
+
+    blocks = re.findall(r"```python\n(.*?)```", BUFFER_PAGE.read_text(), flags=re.DOTALL)
+    assert len(blocks) == 1, "the page holds one Python example"
+    BUFFERS.lookup("subm")  # the registry read (plug-ins loaded) before the example registers
+    monkeypatch.setattr(BUFFERS, "_entries", dict(BUFFERS._entries))
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, Any] = {"__name__": "buffer_page_example"}
+    exec(compile(blocks[0], str(BUFFER_PAGE), "exec"), namespace)
+
+    buffer = namespace["trainer"].algorithm.buffer
+    assert type(buffer) is namespace["NewestBuffer"] and buffer.capacity == 50
+    assert 0 < len(buffer) <= 50
+    recorded = tomllib.loads((tmp_path / "runs" / "newest" / "config.toml").read_text())
+    assert recorded["replay"]["capacity"] == 50
+    assert set(recorded["replay"]) == {
+        "kind",
+        "capacity",
+        "p_replay",
+        "p_oracle",
+        "oracle_fraction",
+    }
+    flagged = raptb.build_config(overrides={"replay.kind": "newest", "replay.capacity": 1000})
+    assert flagged.replay.buffer_kwargs() == {"capacity": 1000}
+    shown = re.search(r"\nerror: (invalid config: .*)\n", BUFFER_PAGE.read_text())
+    assert shown, "the page shows the refusal"
+    with pytest.raises(ConfigError) as refused:
+        raptb.build_config(overrides={"replay.kind": "newest", "replay.rp_tolerance": 0.1})
+    assert str(refused.value) == shown.group(1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import re
 import subprocess
 import sys
 from importlib.metadata import version
@@ -37,13 +39,31 @@ def test_stable_names_are_the_modules_own():
 
 
 def test_the_plug_in_api_is_exported():
-    from raptb.app.configuration.losses import Loss
+    from raptb.app.configuration.losses import GRPO_ALGORITHM, ON_POLICY, Loss
     from raptb.app.training.algorithm import Algorithm
-    from raptb.core.replay import ReplayBuffer, register_buffer
+    from raptb.app.training.rl.grpo import GRPOAlgorithm
+    from raptb.core.replay import BufferOption, ReplayBuffer, register_buffer
     from raptb.core.rl.base import RLObjective
+    from raptb.core.rl.grpo import GRPO
 
     assert (raptb.Loss, raptb.Algorithm, raptb.RLObjective) == (Loss, Algorithm, RLObjective)
     assert (raptb.ReplayBuffer, raptb.register_buffer) == (ReplayBuffer, register_buffer)
+    assert (raptb.BufferOption, raptb.GRPO, raptb.GRPOAlgorithm) == (
+        BufferOption,
+        GRPO,
+        GRPOAlgorithm,
+    )
+    assert (raptb.ON_POLICY, raptb.GRPO_ALGORITHM) == (ON_POLICY, GRPO_ALGORITHM)
+    module, _, name = raptb.GRPO_ALGORITHM.partition(":")
+    assert getattr(importlib.import_module(module), name) is GRPOAlgorithm
+
+
+def test_the_api_page_lists_every_exported_name():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    missing = [n for n in raptb.__all__ if not re.search(rf"`(raptb\.)?{n}\b", page)]
+    assert not missing, f"docs/api.md does not list {missing}"
 
 
 def test_core_names_load_no_framework():

@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from raptb.adapters.tasks.registry import TaskOptions, task_names, task_spec
+from raptb.app.configuration import buffer_defaults
 from raptb.app.configuration.loss_defaults import own_defaults
 from raptb.app.configuration.losses import Loss, loss_entry, loss_names
 from raptb.app.configuration.report_to import check_report_to
@@ -308,12 +309,35 @@ def task_presets(task: object) -> dict[str, Any]:
     return _merge(base, dict(spec.defaults))
 
 
-def build_config(file: Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+def _with_buffer_defaults(data: dict[str, Any], chosen: set[str]) -> dict[str, Any]:
+    """``data`` with the buffer kind's own defaults under it (app.configuration.buffer_defaults);
+    ``[replay]`` options the file or the flags set (``chosen``) that the kind does not read are a
+    ConfigError."""
+    replay = data.get("replay", {})
+    if not isinstance(replay, dict):
+        return data  # validation reports it
+    fields_ = set(ReplayConfig.model_fields)
+    kind = replay.get("kind", ReplayConfig.model_fields["kind"].default)
+    try:
+        buffer_defaults.check_chosen(kind, chosen, fields_)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return _merge(buffer_defaults.own_defaults(kind, fields_), data)
+
+
+def build_config(
+    file: Path | None = None, overrides: dict[str, Any] | None = None, *, recorded: bool = False
+) -> TrainConfig:
     """Read ``file`` (TOML) if given, apply ``overrides`` (dotted keys allowed), validate once.
 
     The task's presets (its spec's ``defaults`` and ``eval_samples``) and, for a pretrained
     model, ``PRETRAINED_PRESET`` (for the embedded one, ``TINY_PRESET``) fill in every value
-    neither the file nor the overrides set.
+    neither the file nor the overrides set, and under them the loss's and the replay buffer's
+    own defaults. A ``[replay]`` option the file or the overrides set that the buffer kind does
+    not read is a ConfigError; with ``recorded`` (``file`` is a run's own config.toml, whose
+    buffer read none of them; older ones list every kind's options) it is dropped instead. The
+    run's task section is filled with the task's option defaults, so that config.toml records
+    what the task was built with.
     """
     data: dict[str, Any] = {}
     if file is not None:
@@ -331,6 +355,10 @@ def build_config(file: Path | None = None, overrides: dict[str, Any] | None = No
             nested = {part: nested}
         data = _merge(data, nested)
     chosen_split = {"batch_size", "grad_accum"} & set(data.get("optim", {}))
+    replay = data.get("replay")
+    if recorded and isinstance(replay, dict) and "kind" in replay:
+        data["replay"] = replay = buffer_defaults.recorded(replay)
+    chosen_replay = set(replay) if isinstance(replay, dict) else set()
     data = _merge(task_presets(data.get("task", DEFAULT_TASK)), data)
     if data.get("model", "tiny") != "tiny":
         data = _merge(PRETRAINED_PRESET, data)
@@ -342,6 +370,10 @@ def build_config(file: Path | None = None, overrides: dict[str, Any] | None = No
         data = _merge(dict(loss_entry(loss).presets), data)
         section = RLConfig if loss_entry(loss).section == "rl" else ObjectiveConfig
         data = _merge(own_defaults(loss_entry(loss), set(section.model_fields)), data)
+    task = data.get("task", DEFAULT_TASK)
+    if isinstance(task, str) and task in task_names() and task_spec(task).options.model_fields:
+        data.setdefault(task, {})
+    data = _with_buffer_defaults(data, chosen_replay)
     gflownet = known and loss_entry(loss).section == "objective"
     if data.get("model", "tiny") == "tiny" and gflownet and not chosen_split:
         data = _one_micro_batch(data)
@@ -352,9 +384,13 @@ def build_config(file: Path | None = None, overrides: dict[str, Any] | None = No
 
 
 def config_toml(config: TrainConfig) -> str:
-    """``config`` as TOML (None values are omitted: they mean "default")."""
-    return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))
+    """``config`` as TOML (None values are omitted: they mean "default"), its ``[replay]``
+    section the options its buffer kind reads (app.configuration.buffer_defaults)."""
+    data = config.model_dump(mode="json", exclude_none=True)
+    data["replay"] = buffer_defaults.recorded(data["replay"])
+    return tomli_w.dumps(data)
 
 
 def load_config(path: Path) -> TrainConfig:
-    return build_config(path)
+    """The configuration a run recorded in ``path`` (its config.toml)."""
+    return build_config(path, recorded=True)

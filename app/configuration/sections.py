@@ -319,6 +319,11 @@ class ReplayConfig(Section):
         """The options the kind reads, validated against its schema (values it refuses)."""
         if self.kind in BUFFERS and not buffer_class(self.kind).oracle:
             names = {option.name for option in buffer_class(self.kind).options}
+            if foreign := sorted(names - set(type(self).model_fields)):
+                raise ValueError(
+                    f"replay kind {self.kind!r} declares {', '.join(foreign)}, which [replay] "
+                    "does not hold: a buffer's options take the names of [replay]'s fields"
+                )
             replay_kwargs(self.kind, {k: v for k, v in self.model_dump().items() if k in names})
         return self
 

@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from raptb.app.configuration.config import TrainConfig, build_config
+from raptb.app.configuration.config import TrainConfig, load_config
 from raptb.app.run_dir.checkpoint import checkpoint_dir
 from raptb.app.run_dir.eval_folder import eval_dir
 from raptb.app.run_dir.run_config import CONFIG_FILE
@@ -100,7 +100,7 @@ def resumed_config(run_dir: Path, config: TrainConfig) -> TrainConfig:
     Raises:
         RunMismatch: a field outside ``RESUMABLE_CHANGES`` differs; the message lists them all.
     """
-    saved = build_config(Path(run_dir) / CONFIG_FILE)
+    saved = load_config(Path(run_dir) / CONFIG_FILE)
     if config.schedule_steps is None:
         # runs saved before the horizon was recorded ran their schedules over their steps
         config = with_horizon(config, saved.schedule_horizon)

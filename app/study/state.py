@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raptb.app.configuration.config import ConfigError, TrainConfig, build_config
+from raptb.app.configuration.config import ConfigError, TrainConfig, load_config
 from raptb.app.run_dir.checkpoint import checkpoint_step, latest_checkpoint
 from raptb.app.run_dir.run_lock import lock_holder
 
@@ -63,7 +63,7 @@ def _comparable(config: TrainConfig) -> dict[str, Any]:
 def config_difference(planned: TrainConfig, run_dir: Path, name: str = "config.toml") -> str | None:
     """None when ``run_dir/name`` is the planned config, else the first differing field."""
     try:
-        saved = build_config(run_dir / name)
+        saved = load_config(run_dir / name)
     except ConfigError as exc:
         return f"its {name} is unreadable ({exc})"
     want, have = _comparable(planned), _comparable(saved)

@@ -4,10 +4,17 @@ A buffer keeps one store of ``ReplayItem``s per prompt and offers ``add(items)``
 ``sample(n, rng, prompt=None)`` (uniform with replacement unless a buffer says otherwise),
 ``len()``, ``items(prompt)`` and ``state_dict()`` / ``load_state_dict()`` (numpy arrays and
 JSON-able values only, so a checkpoint restores sampling exactly).
+
+A buffer kind (a plug-in's too, docs/adding-a-replay-buffer.md) implements ``add_to_prompt``,
+which keeps a prompt's store in ``self._stores[prompt]``, and declares ``kind``, its
+``[replay]`` options (``options``) and ``config()`` (the values it was built with, which a
+checkpoint must match); ``_extra_state`` / ``_load_extra_state`` carry any state beyond the
+stored items.
 """
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -49,10 +56,24 @@ class ReplayBuffer(ABC):
                 raise ValueError(f"items must be ReplayItem instances, got {type(it).__name__}")
             by_prompt.setdefault(it.prompt, []).append(it)
         for prompt, group in by_prompt.items():
-            self._add_to_prompt(prompt, group)
+            self.add_to_prompt(prompt, group)
 
     @abstractmethod
-    def _add_to_prompt(self, prompt: str, items: list[ReplayItem]) -> None: ...
+    def add_to_prompt(self, prompt: str, items: list[ReplayItem]) -> None:
+        """Update ``prompt``'s store with ``items`` (new, in order, all of ``prompt``): keep what
+        the buffer keeps in ``self._stores[prompt]``, the list that sampling and checkpoints
+        read. The one method a buffer must implement; ``add`` calls it once per prompt."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "_add_to_prompt" in vars(cls) and "add_to_prompt" not in vars(cls):
+            # the method's name before it was public: plug-ins written against it keep working
+            warnings.warn(
+                f"{cls.__qualname__}._add_to_prompt is deprecated: name it add_to_prompt",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            cls.add_to_prompt = cls._add_to_prompt  # type: ignore[attr-defined,method-assign]
 
     def _store(self, prompt: str | None) -> list[ReplayItem]:
         if prompt is None:

@@ -18,7 +18,7 @@ class OracleBuffer(ReplayBuffer):
         super().__init__()
         self.add(items)
 
-    def _add_to_prompt(self, prompt: str, items: list[ReplayItem]) -> None:
+    def add_to_prompt(self, prompt: str, items: list[ReplayItem]) -> None:
         store = self._stores.setdefault(prompt, [])
         seen = {it.tokens for it in store}
         for it in items:

@@ -65,7 +65,7 @@ class RewardPrioritizedBuffer(ReplayBuffer):
         better = np.array([s.terminal_log_r for s in store]) >= item.terminal_log_r
         return bool(np.any((dist < limit) & better))
 
-    def _add_to_prompt(self, prompt: str, items: list[ReplayItem]) -> None:
+    def add_to_prompt(self, prompt: str, items: list[ReplayItem]) -> None:
         heap = self._heaps.setdefault(prompt, [])
         for item in items:
             # Items admitted earlier in this batch count as stored for both filters.

@@ -178,7 +178,7 @@ class SubmodularBuffer(ReplayBuffer):
             raise ValueError(f"terminal {self.reward} must be finite for SubM's static score")
         return self.w_rew * r + self.w_val * np.array([it.valid for it in items], dtype=float)
 
-    def _add_to_prompt(self, prompt: str, items: list[ReplayItem]) -> None:
+    def add_to_prompt(self, prompt: str, items: list[ReplayItem]) -> None:
         ground: dict[str, ReplayItem] = {it.key: it for it in self._stores.get(prompt, [])}
         for it in items:
             old = ground.get(it.key)

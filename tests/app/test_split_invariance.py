@@ -32,6 +32,8 @@ def few_oracle_solutions(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def run(tmp_path: Path, batch_size: int, grad_accum: int, loss: str, kind: str):
+    # SubM keeps incorrect rows too, so it has some to replay (the other kinds take no gating)
+    gating = {"replay.gating_ratio": 0.0} if kind == "subm" else {}
     cfg = build_config(
         overrides={
             "optim.batch_size": batch_size,
@@ -42,7 +44,7 @@ def run(tmp_path: Path, batch_size: int, grad_accum: int, loss: str, kind: str):
             "replay.kind": kind,
             "replay.p_replay": (0.5, 0.5),
             "replay.p_oracle": (0.5, 0.5),
-            "replay.gating_ratio": 0.0,  # SubM keeps incorrect rows too, so it has some to replay
+            **gating,
         }
     )
     trainer = Trainer(cfg, tmp_path / f"{batch_size}x{grad_accum}", progress=False)

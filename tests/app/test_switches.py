@@ -45,9 +45,6 @@ kind = "subm"
 subm_weights = [0.0, 0.0, 1.0, 0.0]
 gating_ratio = 0.0
 subm_method = "standard"
-rp_tolerance = 0.5
-prt_alpha = 0.4
-prt_beta = 0.5
 [reward]
 kappa = 0.5
 reward_scale = 5.0
@@ -161,10 +158,12 @@ def test_subm_weights_and_selection_options_shape_the_buffer(from_toml) -> None:
     assert [it.text for it in buffer.items()] == [cand[i].text for i in want]
 
 
-def test_rp_and_prt_options_reach_their_buffers(from_toml) -> None:
-    replay = from_toml.replay
+def test_rp_and_prt_options_reach_their_buffers(tmp_path: Path) -> None:
+    path = tmp_path / "prt.toml"
+    path.write_text('[replay]\nkind = "prt"\nrp_tolerance = 0.5\nprt_alpha = 0.4\nprt_beta = 0.5\n')
+    replay = build_config(path).replay
     rp = make_buffer("rp", **replay.model_copy(update={"kind": "rp"}).buffer_kwargs())
-    prt = make_buffer("prt", **replay.model_copy(update={"kind": "prt"}).buffer_kwargs())
+    prt = make_buffer("prt", **replay.buffer_kwargs())
     assert rp.tolerance == 0.5 and (prt.tolerance, prt.alpha, prt.beta) == (0.5, 0.4, 0.5)
 
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from raptb.core.replay import (
     PrioritizedReplayTraining,
+    ReplayBuffer,
     ReplayItem,
     RewardPrioritizedBuffer,
     SubmodularBuffer,
@@ -412,3 +413,28 @@ def test_the_buffer_registry_builds_every_kind_and_refuses_a_second_kind_of_a_na
         register_buffer(Other)
     with pytest.raises(ValueError, match=r"unknown replay kind 'nope'"):
         make_buffer("nope")
+
+
+def test_add_to_prompt_is_the_method_a_buffer_implements_and_the_old_name_still_works():
+    items = _expr_items(np.random.default_rng(0), 6)
+
+    class Newest(ReplayBuffer):
+        kind = "newest_items"
+
+        def add_to_prompt(self, prompt, new):
+            self._stores[prompt] = [*self._stores.get(prompt, []), *new][-4:]
+
+    with pytest.warns(DeprecationWarning, match=r"Old._add_to_prompt is deprecated: name it add_"):
+
+        class Old(ReplayBuffer):
+            kind = "old_items"
+
+            def _add_to_prompt(self, prompt, new):
+                self._stores[prompt] = [*self._stores.get(prompt, []), *new][-4:]
+
+    for cls in (Newest, Old):
+        buffer = cls()
+        buffer.add(items)
+        assert buffer.items() == items[-4:], cls
+    with pytest.raises(TypeError, match="abstract"):
+        type("Nothing", (ReplayBuffer,), {"kind": "nothing"})()

@@ -100,5 +100,23 @@ def test_the_replay_section_checks_a_plug_in_kinds_values_with_the_kind(monkeypa
 
     monkeypatch.setitem(BUFFERS._entries, "small", Small)  # registered for this test only
     assert build_config(overrides={"replay.kind": "small", "replay.capacity": 8}).replay.capacity
-    with pytest.raises(ConfigError, match=r"replay: .*capacity must be <= 10, got 200"):
-        build_config(overrides={"replay.kind": "small"})
+    # its own default, not the section's (SubM's 200), when nothing sets it
+    assert build_config(overrides={"replay.kind": "small"}).replay.capacity == 4
+    with pytest.raises(ConfigError, match=r"replay: .*capacity must be <= 10, got 11"):
+        build_config(overrides={"replay.kind": "small", "replay.capacity": 11})
+
+
+def test_a_plug_in_kinds_option_the_replay_section_does_not_hold_is_refused(monkeypatch):
+    from raptb.app.configuration.config import ConfigError, build_config
+    from raptb.core.replay import BufferOption, RewardPrioritizedBuffer
+
+    class Windowed(RewardPrioritizedBuffer):
+        kind = "windowed"
+        options = (BufferOption.of("capacity"), BufferOption.of("window"))
+
+        def __init__(self, capacity: int = 4, window: int = 2) -> None:
+            super().__init__(capacity)
+
+    monkeypatch.setitem(BUFFERS._entries, "windowed", Windowed)
+    with pytest.raises(ConfigError, match=r"replay kind 'windowed' declares window, which \[rep"):
+        build_config(overrides={"replay.kind": "windowed"})
