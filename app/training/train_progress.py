@@ -1,7 +1,9 @@
-"""The training progress bar (stderr): step, loss, logZ, accuracy and distinct successes."""
+"""The training progress bar (stderr): step, loss, logZ, accuracy and distinct successes; and the
+expected step time, said once after the first steps."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rich.console import Console
@@ -38,3 +40,30 @@ def bar_fields(record: dict[str, Any] | None = None) -> dict[str, str]:
         "acc": fmt("acc", ".2f"),
         "unique_correct": fmt("unique_correct", "d"),
     }
+
+
+class StepPace:
+    """The run's expected step time, said once: after ``FIRST + MEASURED`` steps of this process,
+    the mean seconds of the last ``MEASURED`` (the first ones, which warm up and compile, left out)
+    and the minutes the remaining steps take at that pace."""
+
+    FIRST, MEASURED = 1, 3
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.done = 0
+        self.since: float | None = None
+
+    def step(self, step: int) -> str | None:
+        """Call after each optimizer step (``step``: steps done); the line to print, once."""
+        self.done += 1
+        if self.done == self.FIRST:
+            self.since = time.perf_counter()
+        elif self.since is not None and self.done == self.FIRST + self.MEASURED:
+            seconds = (time.perf_counter() - self.since) / self.MEASURED
+            left = max(self.total - step, 0)
+            return (
+                f"step ~{seconds:.2f} s (steps {self.FIRST + 1}-{self.done} of this run); "
+                f"the {left} steps left ~{seconds * left / 60:.1f} min"
+            )
+        return None
