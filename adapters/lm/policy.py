@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from raptb.adapters.lm import shared_prompts
 from raptb.adapters.lm.decode_mode import DecodeMode, resolve_decode
 from raptb.adapters.lm.distinct_rows import distinct_rows, stochastic_forward
 from raptb.adapters.lm.embedded import compiled_rescoring, lean_gpt2, onnx_rollout
@@ -150,6 +151,12 @@ class HFPolicy:
         """Whether the rescoring of rows that share a prompt, on a model ``lean_gpt2`` supports,
         runs forward and backward as ``adapters.lm.embedded.compiled_rescoring``'s compiled
         functions (the same function up to float rounding); off only to compare."""
+        self.shared_prompts = True
+        """Whether the eager rollout's prefill, the rescoring and the reference pass of a model
+        ``lean_gpt2`` does not run forward each distinct prompt once and apply the head only where
+        read (``adapters.lm.shared_prompts``: the same values and gradients up to float rounding)
+        rather than the model's own forward over every row's prompt; off only to compare."""
+        self._checkpointed = False
         self.step_together: Callable[[bool], bool] | None = None
         """For a model sharded across processes (whose forwards are collectives): called once per
         rollout step with whether this process's rows have all stopped, it returns whether every
@@ -258,6 +265,7 @@ class HFPolicy:
             inner.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
+        self._checkpointed = True
 
     def _forward_log_probs(
         self,
@@ -326,10 +334,18 @@ class HFPolicy:
         prefix_mask = torch.arange(big_t + 1, device=device)[None, :] <= length[:, None]
         hidden_states = None
         next_tokens = torch.cat([body, torch.full_like(body[:, :1], self.stop_id)], dim=1)
-        if self._compiled_rescoring(model, rows, body, hidden or per_state is not None):
-            self.check_positions(len(rows[0]), big_t)
-            token_lp, stop_lp = compiled_rescoring.log_probs(
-                model, rows[0], body, next_tokens, self.stop_id, temperature
+        more = hidden or per_state is not None
+        compiled = self._compiled_rescoring(model, rows, body, more)
+        if compiled or self._shares_prompts(model, rows, more):
+            self.check_positions(max(len(row) for row in rows), big_t)
+            token_lp, stop_lp = (
+                compiled_rescoring.log_probs(
+                    model, rows[0], body, next_tokens, self.stop_id, temperature
+                )
+                if compiled
+                else shared_prompts.read_log_probs(
+                    model, rows, body, length, self.pad_id, self.stop_id, temperature
+                )
             )
             log_pf = torch.where(token_mask, token_lp[:, :big_t], 0.0)
             return log_pf, torch.where(prefix_mask, stop_lp, 0.0)
@@ -362,6 +378,19 @@ class HFPolicy:
             and self.uses_lean_gpt2(model)
             and compiled_rescoring.computes(model)
             and all(row == rows[0] for row in rows)
+        )
+
+    def _shares_prompts(self, model: PreTrainedModel, rows: list[list[int]], more: bool) -> bool:
+        """Whether ``shared_prompts`` scores these rows: switched on, rows, only the log-probs
+        asked for, one process, not a checkpointed forward (training mode), a model ``lean_gpt2``
+        does not run."""
+        plain = self.step_together is None and not (self._checkpointed and model.training)
+        return (
+            self.shared_prompts
+            and not more
+            and bool(rows)
+            and plain
+            and not self.uses_lean_gpt2(model)
         )
 
     def uses_lean_gpt2(self, model: PreTrainedModel) -> bool:

@@ -30,6 +30,7 @@ from typing import Protocol
 
 import torch
 
+from raptb.adapters.lm import shared_prompts
 from raptb.adapters.lm.embedded import lean_gpt2
 from raptb.adapters.lm.embedded.onnx_rollout import onnx_rollout
 from raptb.adapters.lm.gpu.static_decode import DecodingPolicy, static_rollout
@@ -56,38 +57,52 @@ class _Decoder(Protocol):
 class _ModelDecoder:
     """``_Decoder`` through the model's own forward and transformers' KV cache: prompts
     left-padded (``left_padded``'s ids, attention mask 0 on pads, each row's own position ids),
-    then one token a call."""
+    then one token a call. With ``shared``, each distinct prompt is forwarded once and its keys and
+    values given to its rows (``shared_prompts.PromptPast``; not for a model sharded across
+    processes, whose forwards must enter at its root)."""
 
     def __init__(
         self,
         model: torch.nn.Module,
-        prompts: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        prompt_rows: list[list[int]],
+        pad_id: int,
         max_length: int,
+        shared: bool,
     ) -> None:
-        ids, attention, positions = prompts
-        self.model, self.width, self.calls = model, ids.shape[1], 0
+        self.model, self.calls = model, 0
         self.keyword = cache_keyword(model)
+        if shared:
+            past = shared_prompts.PromptPast(model, prompt_rows, pad_id)
+            self.width, self.next_position, attention = past.width, past.next_position, past.mask
+            self.cache = past.cache()
+            self.prompt_logits = past.state0_logits
+            if attention is None:  # no prompt has pads
+                attention = past.next_position.new_ones(len(prompt_rows), past.width)
+        else:
+            ids, attention, positions = left_padded(
+                prompt_rows, pad_id, next(model.parameters()).device
+            )
+            self.width = ids.shape[1]
+            out = model(
+                input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True
+            )
+            self.cache = returned_cache(out, self.keyword)
+            self.next_position = positions[:, -1:] + 1
+            self.prompt_logits = out.logits[:, -1, :]
         # the prompt's mask (0 on left pads), then ones for the generated tokens
-        self.attention = torch.cat([attention, attention.new_ones(len(ids), max_length)], dim=1)
-        self.out = model(
-            input_ids=ids,
-            attention_mask=self.attention[:, : self.width],
-            position_ids=positions,
-            use_cache=True,
-        )
-        self.next_position = positions[:, -1:] + 1
-        self.prompt_logits = self.out.logits[:, -1, :]
+        self.attention = torch.cat([attention, attention.new_ones(len(attention), max_length)], 1)
 
     def next_logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        self.out = self.model(
+        out = self.model(
             input_ids=tokens[:, None],
             attention_mask=self.attention[:, : self.width + self.calls + 1],
             position_ids=self.next_position + self.calls,
             use_cache=True,
-            **{self.keyword: returned_cache(self.out, self.keyword)},
+            **{self.keyword: self.cache},
         )
+        self.cache = returned_cache(out, self.keyword)
         self.calls += 1
-        return self.out.logits[:, -1, :]
+        return out.logits[:, -1, :]
 
 
 class _LeanDecoder:
@@ -111,10 +126,12 @@ class _LeanDecoder:
 class RolloutPolicy(DecodingPolicy, Protocol):
     """What the rollout needs of ``raptb.adapters.lm.policy.HFPolicy`` (which calls this module, so
     it is named by its shape rather than imported): the static path's needs, the resolved decoding
-    path, the lock-step hook of a sharded model (None otherwise), whether the ONNX path may run a
-    rollout in one call and whether that call is the compiled loop."""
+    path, the lock-step hook of a sharded model (None otherwise), whether a prompt its rows share
+    is forwarded once, whether the ONNX path may run a rollout in one call and whether that call
+    is the compiled loop."""
 
     step_together: Callable[[bool], bool] | None
+    shared_prompts: bool
     one_call: bool
     compiled_rollout: bool
 
@@ -190,8 +207,9 @@ def eager_logits(
             decoder = _LeanDecoder(policy.model, prompts)
         else:
             policy.model.eval()
-            padded = left_padded(prompt_rows, policy.pad_id, device)
-            decoder = _ModelDecoder(policy.model, padded, tokens.shape[1])
+            shared = policy.shared_prompts and policy.step_together is None
+            rows = [list(row) for row in prompt_rows]
+            decoder = _ModelDecoder(policy.model, rows, policy.pad_id, tokens.shape[1], shared)
         logits = decoder.prompt_logits
         for column in tokens.to(device).T:
             logits = decoder.next_logits(column)
@@ -246,8 +264,8 @@ def _eager_rollout(
             )
             decoder = _LeanDecoder(policy.model, prompts)
         else:
-            padded = left_padded(prompt_rows, policy.pad_id, device)
-            decoder = _ModelDecoder(policy.model, padded, big_t)
+            shared = policy.shared_prompts and policy.step_together is None
+            decoder = _ModelDecoder(policy.model, prompt_rows, policy.pad_id, big_t, shared)
         logits = decoder.prompt_logits
         model_s += time.perf_counter() - tic
         idle = False  # every row of this rank has stopped (only while other ranks step on)

@@ -53,7 +53,7 @@ from raptb.app.training.micro_batch import (
 from raptb.app.training.step import LossResult
 from raptb.app.training.step_batch import step_prompts
 from raptb.app.training.stop_request import StopRequest
-from raptb.app.training.train_progress import bar_fields, progress_bar
+from raptb.app.training.train_progress import StepPace, bar_fields, progress_bar
 from raptb.app.training.train_state import (
     load_model_weights,
     load_trainer_state,
@@ -329,6 +329,7 @@ class Trainer:
             self._trackers() as trackers,
         ):
             task_id = bar.add_task("train", total=cfg.steps, completed=self.step, **bar_fields())
+            pace = StepPace(cfg.steps)
             while self.step < end and not self.dist.any_true(self.stop.requested):
                 record = self._optimizer_step()
                 reward_counts = self.dist.sum_counts(self.rewards.take_counts(self.step + 1))
@@ -351,6 +352,8 @@ class Trainer:
                 if trackers is not None:
                     trackers.log_train(record)
                 bar.update(task_id, completed=self.step, **bar_fields(record))
+                if (said := pace.step(self.step)) and self.show_progress and self.dist.is_main:
+                    bar.console.print(said)
                 if self.step % cfg.checkpoint_every == 0 or self.step == end:
                     checkpoint = self.save_checkpoint()
                 if self.step < end and self._time_is_up():

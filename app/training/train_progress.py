@@ -1,6 +1,7 @@
 """What a run shows while it runs: the progress bar (stderr: step, loss, logZ, accuracy and
-distinct successes), and one line when raptb's Numba kernels compile (stdout, where
-``raptb train`` says what it runs), since a first run is otherwise silent for a minute.
+distinct successes), the expected step time, said once after the first steps, and one line when
+raptb's Numba kernels compile (stdout, where ``raptb train`` says what it runs), since a first run
+is otherwise silent for a minute.
 
 The kernels (``core/subm``, ``adapters/lm``'s compiled rollout and rescoring) are jitted with
 ``cache=True``: the first call of each compiles it and writes it to the ``__pycache__`` beside
@@ -14,6 +15,7 @@ warm run. What it costs is measured in docs/install.md ("The first run").
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -85,3 +87,30 @@ def compile_notice(say: Callable[[str], None], package: str = "raptb.") -> Itera
     notice = CompileNotice(say, package)
     with install_listener("numba:compile", notice):
         yield notice
+
+
+class StepPace:
+    """The run's expected step time, said once: after ``FIRST + MEASURED`` steps of this process,
+    the mean seconds of the last ``MEASURED`` (the first ones, which warm up and compile, left out)
+    and the minutes the remaining steps take at that pace."""
+
+    FIRST, MEASURED = 1, 3
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.done = 0
+        self.since: float | None = None
+
+    def step(self, step: int) -> str | None:
+        """Call after each optimizer step (``step``: steps done); the line to print, once."""
+        self.done += 1
+        if self.done == self.FIRST:
+            self.since = time.perf_counter()
+        elif self.since is not None and self.done == self.FIRST + self.MEASURED:
+            seconds = (time.perf_counter() - self.since) / self.MEASURED
+            left = max(self.total - step, 0)
+            return (
+                f"step ~{seconds:.2f} s (steps {self.FIRST + 1}-{self.done} of this run); "
+                f"the {left} steps left ~{seconds * left / 60:.1f} min"
+            )
+        return None

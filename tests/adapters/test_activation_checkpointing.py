@@ -57,6 +57,9 @@ def _rescoring_gradients(lora: int, checkpointing: bool) -> tuple[dict[str, torc
     """Gradients of a loss of the teacher-forced log-probs, and the bytes of activations the
     forward pass kept for backward (what checkpointing saves; weights are not counted)."""
     policy = _policy(_llama(lora))
+    # a checkpointed rescoring takes the model's own forward (HFPolicy.shared_prompts applies to
+    # a forward that is not checkpointed): the plain one takes it too, so only checkpointing differs
+    policy.shared_prompts = False
     if checkpointing:
         policy.enable_activation_checkpointing()
     tokens, length = _trajectories(policy)

@@ -1,15 +1,18 @@
 """The rollout's bookkeeping is result-neutral: fixed-seed rollouts equal, bit for bit, those of a
-plain reference loop kept here (the rollout as first written: separate grammar masks, one host
-round trip per query, boolean-mask writes). Tokens, lengths, texts and both log-prob tensors must
-match exactly, and so must the generator state afterwards (the same random draws were taken).
-This holds the eager path (torch's operations, as the reference's); the ONNX path is held to the
-same reference, up to float rounding, in test_onnx_rollout.py.
+plain reference loop kept here (the rollout as first written: separate grammar masks, one host round
+trip per query, boolean-mask writes; its prompt forwarded once for all rows). Tokens, lengths, texts
+and both log-prob tensors must match exactly, and so must the generator state afterwards (the same
+random draws were taken). This holds the eager path (torch's operations, as the reference's); the
+ONNX path is held to the same reference, up to float rounding, in test_onnx_rollout.py.
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
+from transformers import DynamicCache
 
 from raptb.adapters.lm.lora import apply_lora
 from raptb.adapters.lm.policy import HFPolicy
@@ -41,11 +44,15 @@ def reference_rollout(
         grammar.reset()
     policy.model.eval()
     attention = torch.ones(n, len(prompt_ids) + big_t, dtype=torch.long)
-    out = policy.model(
-        input_ids=torch.tensor([prompt_ids]).expand(n, -1),
-        attention_mask=attention[:, : len(prompt_ids)],
-        use_cache=True,
-    )
+    # the prompt forwarded once for every row, its keys and values broadcast to the n rows; its
+    # logits at its last position only, as shared_prompts computes them (lean_gpt2 computes them
+    # at every position, which rounds the last one's otherwise in the last bit)
+    keep = 0 if policy.uses_lean_gpt2(policy.model) else 1
+    once = policy.model(input_ids=torch.tensor([prompt_ids]), use_cache=True, logits_to_keep=keep)
+    cache = DynamicCache()
+    for i, layer in enumerate(once.past_key_values.layers):
+        cache.update(layer.keys.expand(n, -1, -1, -1), layer.values.expand(n, -1, -1, -1), i)
+    out = SimpleNamespace(logits=once.logits.expand(n, -1, -1), past_key_values=cache)
     for k in range(big_t + 1):
         logits = out.logits[:, -1, :]
         if k == big_t:
