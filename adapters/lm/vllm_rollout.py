@@ -242,10 +242,15 @@ def vllm_rollout(
         [TokensPrompt(prompt_token_ids=ids) for ids in prompt_rows], params, use_tqdm=False
     )
     model_s = time.perf_counter() - tic
+    # a row ends at its first id that is not a legal token: the stop, or what vLLM draws at a
+    # dead end (its grammar and the legal tokens leave nothing; it draws id 0 and ends the
+    # request), where raptb's behaviour stops too
+    legal = set(policy.legal_ids)
     rows = []
     for out in outputs:
-        ids = list(out.outputs[0].token_ids)
-        rows.append(tuple(ids[:-1] if ids and ids[-1] == policy.stop_id else ids))
+        ids = out.outputs[0].token_ids
+        end = next((k for k, token in enumerate(ids) if token not in legal), len(ids))
+        rows.append(tuple(ids[:end]))
     tokens = torch.full((n, max_length), policy.pad_id, dtype=torch.long)
     for b, row in enumerate(rows):
         tokens[b, : len(row)] = torch.tensor(row, dtype=torch.long)

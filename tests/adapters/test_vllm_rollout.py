@@ -123,3 +123,19 @@ def test_missing_vllm_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(decode_mode, "vllm_installed", lambda: False)
     with pytest.raises(ValueError, match=r"not installed; pip install -e '\.\[vllm\]'"):
         resolve_decode("vllm", torch.device("cpu"), sharded=False)
+
+
+@needs_vllm
+def test_a_dead_end_stops_the_row(policy) -> None:
+    """Legal tokens without a digit: Expr24's grammar allows nothing at the first step; raptb's
+    behaviour stops there, and so does the vLLM row (vLLM draws id 0 and ends the request)."""
+    legal, sub_of = policy.legal_ids, policy._sub_of
+    operators = [t for t in legal if not policy.row_text([t]).isdigit()]
+    policy.legal_ids = operators
+    try:
+        rollout = policy.sample(
+            "Make 24:", 4, min_length=0, max_length=9, generator=torch.Generator().manual_seed(2)
+        )
+    finally:
+        policy.legal_ids, policy._sub_of = legal, sub_of
+    assert rollout.length.tolist() == [0, 0, 0, 0] and rollout.texts == [""] * 4
