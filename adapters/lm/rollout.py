@@ -43,6 +43,7 @@ from raptb.adapters.lm.rollout_record import (
     token_log_probs,
 )
 from raptb.adapters.lm.row_prompts import check_rollout_shape, left_padded, row_prompt_ids
+from raptb.adapters.lm.vllm_rollout import vllm_rollout
 
 
 class _Decoder(Protocol):
@@ -159,8 +160,11 @@ def sample_rollout(
 
     The policy's ``decode_path`` "static" hands the rollout to ``static_rollout`` (same
     rollouts, static shapes, CUDA graphs on a GPU), "onnx" to ``onnx_rollout`` (the same rollouts
-    up to float rounding, each column in one ONNX Runtime call)."""
+    up to float rounding, each column in one ONNX Runtime call), "vllm" to ``vllm_rollout``
+    (the rows drawn by a vLLM engine, the record rescored by the policy)."""
     path = policy.decode_path
+    if path == "vllm":
+        return vllm_rollout(policy, prompt, n, min_length, max_length, temperature, generator)
     if path == "onnx":
         return onnx_rollout(policy, prompt, n, min_length, max_length, temperature, generator)
     if path == "static":

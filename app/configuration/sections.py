@@ -212,9 +212,11 @@ class SamplingConfig(Section):
         "token step replayed as CUDA graphs on a GPU; the same rollouts as eager), onnx (GPT-2 in "
         "float32 on the CPU: each token step, forward and draw, in one ONNX Runtime call; the "
         "same rollouts as eager up to float rounding), eager (a growing cache, step by step, "
-        "torch's operations), or auto: static on CUDA, onnx on the CPU where it applies to a "
-        "model of at most 2M parameters (above, its products cost more than eager's), else "
-        "eager.",
+        "torch's operations), vllm (the rows drawn by a vLLM engine in this process, the weights "
+        "synced after each optimizer step, the record rescored by the trainer; the vllm extra, a "
+        "pretrained model on one process), or auto: static on CUDA, onnx on the CPU where it "
+        "applies to a model of at most 2M parameters (above, its products cost more than "
+        "eager's), else eager.",
     )
 
 

@@ -31,6 +31,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.trainer.utils import use_adapter
 
+from raptb.adapters.lm.decode_mode import vllm_cpu_build
 from raptb.core.gfn.batch import PrefixBatch
 from raptb.core.gfn.objectives import Objective
 from raptb.core.replay import ReplayBuffer, make_buffer
@@ -80,6 +81,16 @@ class CallableSimilarity:
 
     def pairwise(self, a: Sequence[object], b: Sequence[object]) -> np.ndarray:
         return np.asarray(self.func(list(a), list(b)), dtype=np.float64).reshape(len(a), len(b))
+
+
+COLOCATE_ON_CPU = (
+    "GFlowNetTrainer: use_vllm with vllm_mode='colocate' does not train on vLLM's CPU build "
+    "(vllm-cpu): TRL's weight sync calls the model's load_weights, which fails on the layers the "
+    "CPU build repacks; on a CPU sample with vLLM through `raptb train --sampling.decode vllm`, "
+    "or use vllm on a GPU"
+)
+"""Why the colocated engine is refused on vLLM's CPU build (TRL 1.16,
+``trl/generation/vllm_generation.py``, ``VLLMGeneration.sync_weights``)."""
 
 
 class GFlowNetTrainer(GRPOTrainer):
@@ -134,6 +145,8 @@ class GFlowNetTrainer(GRPOTrainer):
                 "GFlowNetTrainer: tools and environments are not supported (tool outputs inside a "
                 "completion are not the policy's actions)"
             )
+        if config.use_vllm and config.vllm_mode == "colocate" and vllm_cpu_build():
+            raise ValueError(COLOCATE_ON_CPU)
         # TRL keeps a reference model (or the PEFT base) only when its KL weight is non-zero;
         # here the reference enters the log-reward through kappa, and the KL term is never used.
         config.beta = 1.0 if config.kappa > 0 else 0.0

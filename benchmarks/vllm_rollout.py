@@ -1,0 +1,122 @@
+"""Time raptb's eager rollout against vLLM's (``sampling.decode = "vllm"``), side by side.
+
+Usage (from the repository root, in the vLLM venv, ``bash .ci/vllm.sh`` makes it):
+
+    OMP_NUM_THREADS=N .venv-vllm/bin/python benchmarks/vllm_rollout.py --threads N \
+        [--task expr24,smiles] [--rows 32,128] [--repeats 5] [--json FILE]
+
+The policy is the one ``raptb train`` builds for SmolLM2-135M-Instruct with LoRA r16 (the task's
+alphabet, grammar, stop token and lengths; float32 on the CPU). The threads are set once, before
+the engine starts: in-process vLLM turns ``torch.set_num_threads`` into a no-op, so each thread
+count is its own process (the script prints the torch threads before and after the engine).
+
+For each task and number of rows, the two paths alternate on the same policy, one rollout each per
+repeat (after one untimed warm-up each), so both see the same machine load. Per path: median ms per
+rollout, generated tokens per second (the rows' tokens over the median), and for vLLM the share of
+the rollout spent in the engine (the rest is the trainer's rescoring of the record). Also timed:
+one weight sync after a change of every LoRA tensor (``VLLMEngine.sync``) and the engine's start.
+``--json FILE`` appends the records to the list in FILE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from raptb.adapters.tasks.registry import task_spec
+from raptb.app.configuration.config import LoraConfig
+from raptb.app.task_and_policy import build_policy
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--task", default="expr24,smiles")
+    parser.add_argument("--rows", default="32,128")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    records = []
+    for task_name in args.task.split(","):
+        spec = task_spec(task_name)
+        task = spec.build(spec.options())
+        policy = build_policy("smollm2-135m", task, 0, lora=LoraConfig(rank=16), decode="vllm")
+        prompt = task.prompts()[0]
+        before = torch.get_num_threads()
+        from raptb.adapters.lm.vllm_rollout import engine_of
+
+        tic = time.perf_counter()
+        engine = engine_of(policy)
+        start_s = time.perf_counter() - tic
+        print(
+            f"{task_name}: engine started in {start_s:.1f} s; torch threads {before} -> "
+            f"{torch.get_num_threads()}"
+        )
+        with torch.no_grad():
+            for name, param in policy.model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(0.0, 0.01)
+        tic = time.perf_counter()
+        sent = engine.sync()
+        sync_s = time.perf_counter() - tic
+        print(f"{task_name}: sync of {sent} tensors {sync_s * 1e3:.0f} ms")
+        for rows in (int(r) for r in args.rows.split(",")):
+            seconds: dict[str, list[float]] = {"eager": [], "vllm": []}
+            engine_s: list[float] = []
+            tokens: dict[str, list[int]] = {"eager": [], "vllm": []}
+            for repeat in range(args.repeats + 1):
+                for decode in ("eager", "vllm"):
+                    policy.decode = decode  # type: ignore[assignment]
+                    generator = torch.Generator().manual_seed(repeat)
+                    tic = time.perf_counter()
+                    rollout = policy.sample(
+                        prompt,
+                        rows,
+                        min_length=task.min_length,
+                        max_length=task.max_length,
+                        generator=generator,
+                    )
+                    elapsed = time.perf_counter() - tic
+                    if repeat:  # the first of each is a warm-up
+                        seconds[decode].append(elapsed)
+                        tokens[decode].append(int(rollout.length.sum()))
+                        if decode == "vllm":
+                            engine_s.append(rollout.timings.model_s)
+            for decode in ("eager", "vllm"):
+                median = statistics.median(seconds[decode])
+                record = {
+                    "task": task_name,
+                    "rows": rows,
+                    "decode": decode,
+                    "threads": args.threads,
+                    "ms_per_rollout": median * 1e3,
+                    "tokens_per_s": statistics.mean(tokens[decode]) / median,
+                    "engine_share": (
+                        statistics.median(engine_s) / median if decode == "vllm" else None
+                    ),
+                    "sync_ms": sync_s * 1e3,
+                    "engine_start_s": start_s,
+                    "repeats": args.repeats,
+                    "date": datetime.date.today().isoformat(),
+                    "machine": f"{platform.processor() or platform.machine()}, "
+                    f"{os.cpu_count()} cores",
+                }
+                records.append(record)
+                print(json.dumps(record))
+        policy.decode = "eager"  # type: ignore[assignment]
+    if args.json:
+        old = json.loads(args.json.read_text()) if args.json.exists() else []
+        args.json.write_text(json.dumps(old + records, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
