@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Generic, TypeVar
 
+from raptb.core.did_you_mean import unknown_choice
+
 T = TypeVar("T")
 
 
@@ -56,8 +58,7 @@ class Registry(Mapping[str, T], Generic[T]):
         try:
             return self._entries[name]
         except KeyError:
-            choices = ", ".join(self._entries)
-            raise ValueError(f"unknown {self.kind} {name!r}; valid choices: {choices}") from None
+            raise ValueError(unknown_choice(self.kind, name, self._entries)) from None
 
     def names(self) -> tuple[str, ...]:
         """Every name, in registration order."""

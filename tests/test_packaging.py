@@ -6,6 +6,7 @@ editable install finds an unlisted package anyway, so only an installed wheel wo
 from __future__ import annotations
 
 import runpy
+import tomllib
 from importlib.metadata import distribution
 from pathlib import Path
 
@@ -49,3 +50,30 @@ def test_the_installed_entry_points_are_the_task_folders() -> None:
     assert SETUP["builtin_tasks"]() == [
         f"{name} = raptb.adapters.tasks.{name}.spec:SPEC" for name in folders
     ]
+
+
+# the MIT License's text after its copyright line, as SPDX publishes it (license id "MIT")
+MIT_TERMS = """Permission is hereby granted, free of charge, to any person obtaining a copy of this
+software and associated documentation files (the "Software"), to deal in the Software without
+restriction, including without limitation the rights to use, copy, modify, merge, publish,
+distribute, sublicense, and/or sell copies of the Software, and to permit persons to whom the
+Software is furnished to do so, subject to the following conditions: The above copyright notice
+and this permission notice shall be included in all copies or substantial portions of the
+Software. THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED,
+INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY, FITNESS FOR A PARTICULAR PURPOSE
+AND NONINFRINGEMENT. IN NO EVENT SHALL THE AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM,
+DAMAGES OR OTHER LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM, OUT
+OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE SOFTWARE."""
+
+
+def test_the_license_file_is_the_mit_license_pyproject_declares() -> None:
+    """pyproject's ``license = "MIT"`` and the LICENSE file the wheel ships (setuptools takes
+    ``LICEN[CS]E*`` by default) say the same."""
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"] == "MIT"
+    title, blank, copyright_line, *terms = (ROOT / "LICENSE").read_text().splitlines()
+    assert (title, blank, copyright_line) == (
+        "MIT License",
+        "",
+        "Copyright (c) 2026 the raptb authors",
+    )
+    assert " ".join(" ".join(terms).split()) == " ".join(MIT_TERMS.split())

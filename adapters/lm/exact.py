@@ -81,8 +81,14 @@ class _Trie:
 
 
 def _char_children(texts: Sequence[str]) -> dict[str, list[str]]:
-    """For every prefix of ``texts``, the characters that extend it to another prefix."""
-    prefixes = {text[:k] for text in texts for k in range(len(text) + 1)}
+    """For every prefix of ``texts``, the characters that extend it to another prefix, in
+    code-point order.
+
+    Sorted, not a set's order: that follows Python's per-process string hash, and the trie's
+    node order decides how the tree forwards batch and round, so log pi would differ between
+    processes in the last float32 bits.
+    """
+    prefixes = sorted({text[:k] for text in texts for k in range(len(text) + 1)})
     children: dict[str, list[str]] = {prefix: [] for prefix in prefixes}
     for prefix in prefixes:
         if prefix:

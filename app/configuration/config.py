@@ -47,6 +47,8 @@ from raptb.app.configuration.sections import (
     Section,
     TinyConfig,
 )
+from raptb.app.configuration.unknown_keys import unknown_keys_line
+from raptb.core.did_you_mean import unknown_choice
 from raptb.core.replay import NO_REPLAY
 from raptb.core.schedules import LinearSchedule
 
@@ -138,7 +140,7 @@ class TrainConfig(Section):
     def _known_loss(cls, loss: str) -> str:
         names = loss_names()
         if loss not in names:
-            raise ValueError(f"unknown loss {loss!r}; valid choices: {', '.join(names)}")
+            raise ValueError(unknown_choice("loss", loss, names))
         return loss
 
     @field_validator("report_to")
@@ -233,6 +235,9 @@ class ConfigError(ValueError):
 
 
 def _format_error(exc: ValidationError) -> str:
+    unknown = unknown_keys_line(config_model(), exc)
+    if unknown is not None:
+        return f"invalid config: {unknown}"
     first = exc.errors()[0]
     field = ".".join(str(p) for p in first["loc"]) or "config"
     message = first["msg"].removeprefix("Value error, ")

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from raptb.adapters.lm.decode_mode import DecodeMode
+from raptb.core.did_you_mean import unknown_choice
 from raptb.core.gfn.objectives import RapTB
 from raptb.core.replay import BUFFERS, buffer_class, option_default, replay_kinds, replay_kwargs
 
@@ -312,8 +313,7 @@ class ReplayConfig(Section):
     @classmethod
     def _registered_kind(cls, kind: str) -> str:
         if kind not in replay_kinds():
-            choices = ", ".join(replay_kinds())
-            raise ValueError(f"unknown replay kind {kind!r}; valid choices: {choices}")
+            raise ValueError(unknown_choice("replay kind", kind, replay_kinds()))
         return kind
 
     @model_validator(mode="after")

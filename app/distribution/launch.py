@@ -25,11 +25,12 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import tempfile
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 from rich.console import Console
@@ -184,6 +185,34 @@ def failed_rank(
     return rank, failure
 
 
+def _signal_of(code: object) -> signal.Signals | None:
+    """The signal an exit code 128 + N stands for (None for any other code)."""
+    if not isinstance(code, int) or code <= 128:
+        return None
+    try:
+        return signal.Signals(code - 128)
+    except ValueError:
+        return None
+
+
+def _signalled(outcome: Path, signum: signal.Signals) -> NoReturn:
+    """End the launch after the launcher got ``signum`` and stopped the ranks: the code the ranks
+    recorded (143 when they stopped and checkpointed), else one line and exit 2 (they were killed
+    before they finished stopping)."""
+    code = _recorded(outcome)
+    if code is None:
+        handed = sorted(outcome.parent.glob(_handed(outcome, "*").name))
+        _error(
+            _read(handed[0]) or ""
+            if handed  # a rank found a peer gone (e.g. another node's)
+            else f"the processes did not stop within {SHUTDOWN_ENV} "
+            f"({os.environ[SHUTDOWN_ENV]} s) after {signum.name}; the run's newest "
+            "checkpoint is intact, continue with --resume"
+        )
+        code = 2
+    raise typer.Exit(code) from None
+
+
 def _launch(options: list[str], command: list[str]) -> None:
     """launch_command's body, with its environment restored by the caller."""
     from accelerate.commands.launch import launch_command as accelerate_launch
@@ -221,18 +250,14 @@ def _launch(options: list[str], command: list[str]) -> None:
             )
             raise typer.Exit(2) from None
         except SignalException as exc:
-            code = _recorded(outcome)
-            if code is None:  # the ranks were killed before they finished stopping
-                handed = sorted(Path(folder).glob(_handed(outcome, "*").name))
-                _error(
-                    _read(handed[0]) or ""
-                    if handed  # a rank found a peer gone (e.g. another node's)
-                    else f"the processes did not stop within {SHUTDOWN_ENV} "
-                    f"({os.environ[SHUTDOWN_ENV]} s) after {exc.sigval.name}; the run's newest "
-                    "checkpoint is intact, continue with --resume"
-                )
-                code = 2
-            raise typer.Exit(code) from None
+            _signalled(outcome, exc.sigval)
+        except SystemExit as exc:
+            # accelerate (1.16 here) ends its launcher's SignalException as exit 128 + signal,
+            # whether the ranks finished stopping or were killed: the outcome file tells
+            signum = _signal_of(exc.code)
+            if signum is None:
+                raise
+            _signalled(outcome, signum)
         except ChildFailedError as exc:
             rank, failure = failed_rank(exc, lambda r: _read(_handed(outcome, r)))
             if failure.exitcode > 0:

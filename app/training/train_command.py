@@ -51,6 +51,10 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(code=2)
 
 
+def _a_file(run_dir: Path) -> str:
+    return f"--out: {run_dir} is a file, not a directory; name a run directory (new or existing)"
+
+
 def _prepare_run(
     run_dir: Path, cfg: TrainConfig, resume: bool, overwrite: bool
 ) -> tuple[TrainConfig, bool]:
@@ -242,18 +246,25 @@ def train_command(
         raise _fail(str(exc)) from None
     if resume and overwrite:
         raise _fail("--resume and --overwrite exclude each other")
+    if out is not None and out.exists() and not out.is_dir():
+        raise _fail(_a_file(out))
     if resume:
         if out is None:
             raise _fail("--resume needs --out RUN_DIR")
         if config is None:
             config = out / "config.toml"
             if not config.is_file():
-                raise _fail(f"--resume: {config} does not exist")
+                raise _fail(
+                    f"--resume: {out} holds no run to continue ({config} does not exist); drop "
+                    "--resume to start a new run there"
+                )
     try:
         cfg = build_config(config, overrides)
     except ConfigError as exc:
         raise _fail(str(exc)) from None
     run_dir = out or Path("runs") / f"{cfg.task}-{cfg.loss}-{cfg.replay.kind}-s{cfg.seed}"
+    if run_dir.exists() and not run_dir.is_dir():
+        raise _fail(_a_file(run_dir))
     # what the command runs (torch, the model) is imported now, not when the command line is
     # built: ``raptb --help`` stays light
     from raptb.app.distribution.distributed import (

@@ -9,6 +9,9 @@ matcher stepped token by token, and the restricted softmax written out from the 
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -161,6 +164,39 @@ def test_every_emittable_text_sums_to_one_over_token_paths(grammar):
         assert set(emitted) <= {"a"} | {"ba" + "b" * n for n in range(7)}
     # several token paths spell one text (e.g. "bab" = b,a,b = b,ab): paths outnumber texts
     assert len(result.path_text) > len(emitted)
+
+
+# one child process: exact log pi of Expr24's 1- and 3-character sentences, as raw float64 bytes
+EXACT_IN_A_CHILD = """
+import torch
+from tests.adapters.test_exact import PROMPT, expr24_policy, short_sentences
+from raptb.adapters.lm.exact import exact_log_probs
+
+torch.set_num_threads(1)
+result = exact_log_probs(expr24_policy(1, 3), PROMPT, short_sentences(), min_length=1, max_length=3)
+print(result.log_prob.tobytes().hex(), result.path_log_prob.tobytes().hex())
+"""
+
+
+def test_exact_log_probs_are_bitwise_equal_under_any_hash_seed():
+    """Python's string hash, and so a set's order, changes with PYTHONHASHSEED between processes:
+    two children with different seeds must give the same bits (the trie's order is fixed)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", EXACT_IN_A_CHILD],
+            cwd=root,
+            env={**os.environ, "PYTHONHASHSEED": seed, "OMP_NUM_THREADS": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for seed in ("1", "2")
+    ]
+    outputs = [child.communicate(timeout=300) for child in children]
+    for child, (_, stderr) in zip(children, outputs, strict=True):
+        assert child.returncode == 0, stderr
+    assert outputs[0][0] == outputs[1][0]
 
 
 def binomial_bound(p: float, n: int, sigmas: float = 4.0) -> float:

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import math
+import os
 import time
+from pathlib import Path
+
+HOLD_ENV = "FLAKY_REWARDS_HOLD"
+"""A folder: while it holds a file ``hold``, ``held`` waits there (see ``held``)."""
+HOLD_CAP = 300.0
+"""Seconds ``held`` waits at most, so that a test gone wrong does not leave processes behind."""
 
 
 def count_a(prompt: str, text: str) -> float:
@@ -35,6 +42,20 @@ def slow(prompt: str, text: str) -> float:
     """A 0.1 s reward, like a property predictor or a docking call."""
     time.sleep(0.1)
     return count_a(prompt, text)
+
+
+def held(prompt: str, text: str) -> float:
+    """``paced``, except while the folder named by ``HOLD_ENV`` holds a file ``hold``: then the
+    call writes ``held-PID`` there (the test sees this process is inside its step) and waits until
+    a file ``release`` appears, so that a test decides when the step may end, whatever the
+    machine's speed."""
+    folder = Path(os.environ.get(HOLD_ENV, "/nonexistent"))
+    if (folder / "hold").exists():
+        (folder / f"held-{os.getpid()}").touch()
+        deadline = time.monotonic() + HOLD_CAP
+        while not (folder / "release").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    return paced(prompt, text)
 
 
 def hydrophobic_oracle(sequences: list[str]) -> list[float]:

@@ -17,6 +17,7 @@ from torch.distributed import DistBackendError
 from raptb.app.errors import describe
 from raptb.app.run_dir.checkpoint import list_checkpoints
 from tests.app.distributed_worker import cli, free_port, run_ranks
+from tests.app.flaky_rewards import HOLD_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_TOML = """
@@ -119,24 +120,46 @@ def test_sigterm_to_every_process_checkpoints_exits_143_and_resumes_exactly(tmp_
     assert records(run) == records(ref)
 
 
+def wait_until_held(hold: Path, ranks: list[int], proc: subprocess.Popen) -> None:
+    """Until a rank is inside a reward call that ``flaky_rewards.held`` holds (the others then
+    wait for it in the step's collectives)."""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any((hold / f"held-{pid}").exists() for pid in ranks):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no rank held (exit {proc.poll()}): {proc.stderr.read()}")
+
+
 @pytest.mark.parametrize(("limit", "expected"), [(None, 143), ("0", 2)])
 def test_sigterm_to_the_launcher_only_waits_as_long_as_the_shutdown_limit(
     tmp_path, limit, expected
 ):
     """A shell's ``kill`` or a scheduler that signals the launcher alone: it forwards SIGTERM and
-    waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds for the ranks before killing them. Under raptb
-    launch's default (600 s, not torch's 30) the ranks finish their step (a slow reward: 0.1 s a
-    sample), checkpoint, and the launch exits 143; a limit shorter than a step and a checkpoint
-    (a user's own setting, 0 s here) has the ranks killed first: one line, exit 2, no checkpoint."""
-    run = tmp_path / "run"
-    env = None if limit is None else {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": limit}
-    proc = launch(*train(tmp_path, run, "--steps", "50"), env=env)
+    waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds for the ranks before killing them. The signal
+    comes while the ranks are inside a step (a rank's reward holds it until the test releases
+    it), so nothing here depends on the machine's speed. Under raptb launch's default (600 s, not
+    torch's 30) the released ranks finish the step, checkpoint, and the launch exits 143; with a
+    limit of 0 s the ranks, still held, are killed: one line, exit 2, no checkpoint."""
+    run, hold = tmp_path / "run", tmp_path / "hold"
+    hold.mkdir()
+    env = {HOLD_ENV: str(hold)}
+    if limit is not None:
+        env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = limit
+    reward = "tests.app.flaky_rewards:held"
+    proc = launch(*train(tmp_path, run, "--steps", "50", "--custom.reward", reward), env=env)
     wait_for_lines(run, 1, proc)
+    ranks = ranks_of(proc.pid)
     # the limit the launcher was started with, as its ranks inherited it
-    for pid in ranks_of(proc.pid):
+    for pid in ranks:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         assert f"TORCH_ELASTIC_SHUTDOWN_TIMEOUT={limit or 600}".encode() in environ
+    (hold / "hold").touch()
+    wait_until_held(hold, ranks, proc)  # the ranks are inside a step
     os.kill(proc.pid, signal.SIGTERM)
+    if expected == 143:
+        (hold / "hold").unlink()
+        (hold / "release").touch()
     code, err = finish(proc)
     assert code == expected, err
     assert "Traceback" not in err, err
@@ -145,6 +168,7 @@ def test_sigterm_to_the_launcher_only_waits_as_long_as_the_shutdown_limit(
     assert [c.name for c in list_checkpoints(run)] == stopped
     if expected == 2:
         assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1, err
+        assert "did not stop within TORCH_ELASTIC_SHUTDOWN_TIMEOUT (0 s)" in err, err
 
 
 def rank_pid(launcher: int, rank: int) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,42 @@ def test_a_ranks_one_line_error_is_left_to_the_launcher(tmp_path: Path, monkeypa
     monkeypatch.setenv("RANK", "1")
     assert _fail("optim.batch_size 7 does not split evenly").exit_code == 2
     assert (tmp_path / "error-rank1").read_text() == "optim.batch_size 7 does not split evenly"
+
+
+@pytest.mark.parametrize("ending", ["SignalException", "SystemExit"])
+@pytest.mark.parametrize("stopped", [True, False])
+def test_a_signalled_launcher_exits_with_what_the_ranks_recorded(monkeypatch, ending, stopped):
+    """How the launcher ends once it got SIGTERM and stopped its ranks: torch raises
+    SignalException, which accelerate 1.16 turns into exit 128 + 15 whether or not the ranks
+    finished stopping. Either way the launch exits with the code the ranks recorded (143: they
+    checkpointed), or, when none did (killed first), with one line and exit 2."""
+    import accelerate.commands.launch as accelerate_launch
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    from raptb.app.distribution.launch import record_outcome
+
+    def launcher_got_sigterm(args: object) -> None:
+        if stopped:
+            record_outcome(143)  # what the first local rank does after its checkpoint
+        if ending == "SystemExit":
+            sys.exit(128 + signal.SIGTERM)
+        raise SignalException("got SIGTERM", sigval=signal.SIGTERM)
+
+    monkeypatch.setattr(accelerate_launch, "launch_command", launcher_got_sigterm)
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "0")
+    result = CliRunner().invoke(app, ["launch", "--num_processes", "2", "train"])
+    if stopped:
+        assert (result.exit_code, result.stderr) == (143, "")
+    else:
+        assert result.exit_code == 2, result.output
+        assert result.stderr.splitlines() == [
+            "error: the processes did not stop within TORCH_ELASTIC_SHUTDOWN_TIMEOUT (0 s) after "
+            "SIGTERM; the run's newest checkpoint is intact, continue with --resume"
+        ]
+
+
+def test_another_exit_of_the_launcher_is_its_own(monkeypatch):
+    import accelerate.commands.launch as accelerate_launch
+
+    monkeypatch.setattr(accelerate_launch, "launch_command", lambda args: sys.exit(1))
+    assert CliRunner().invoke(app, ["launch", "--num_processes", "2", "train"]).exit_code == 1
