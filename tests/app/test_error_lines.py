@@ -13,7 +13,7 @@ from raptb.core.did_you_mean import close_match, unknown_choice
 from raptb.core.registry import Registry
 
 LOSSES = "tb, subtb, raptb, avg_prefix_tb, root_subtb_logz, vargrad, grpo, ppo, dapo, passk, "
-LOSSES += "ucpo, g2rpo, rover"
+LOSSES += "ucpo, g2rpo, ips_grpo, rover, flowrl"
 
 
 def first_line(*args: str) -> str:
