@@ -211,7 +211,7 @@ def plug_in_buffer(monkeypatch: pytest.MonkeyPatch):
         kind = "newest"
         options = (*RewardPrioritizedBuffer.options, BufferOption.of("newest_keep", "keep"))
 
-        def __init__(self, capacity: int = 200, tolerance: float = 0.25, keep: int = 1) -> None:
+        def __init__(self, capacity: int = 40, tolerance: float = 0.25, keep: int = 1) -> None:
             super().__init__(capacity=capacity, tolerance=tolerance)
             if keep < 1:
                 raise ValueError(f"newest_keep: must be >= 1, got {keep}")
@@ -233,3 +233,17 @@ def test_a_plug_in_buffer_is_reachable_with_its_own_options(plug_in_buffer) -> N
     assert isinstance(buffer, plug_in_buffer) and buffer.keep == 3
     with pytest.raises(ValueError, match="newest_keep: must be >= 1"):
         GFlowNetConfig(**CPU, replay="newest", replay_options={"newest_keep": 0})
+
+
+def test_a_plug_in_buffers_own_capacity_holds_unless_the_config_sets_one(plug_in_buffer) -> None:
+    """replay_capacity None (the default) leaves the kind's own capacity (the plug-in's 40, the
+    built-in kinds' 200); a value set reaches the buffer."""
+    from raptb.core.replay import make_buffer
+
+    own = make_buffer("newest", **GFlowNetConfig(**CPU, replay="newest").buffer_kwargs())
+    assert own.capacity == 40
+    set_ = GFlowNetConfig(**CPU, replay="newest", replay_capacity=7)
+    assert make_buffer("newest", **set_.buffer_kwargs()).capacity == 7
+    for kind in ("rp", "prt", "subm"):
+        built_in = make_buffer(kind, **GFlowNetConfig(**CPU, replay=kind).buffer_kwargs())
+        assert built_in.capacity == 200, kind

@@ -189,8 +189,10 @@ class GFlowNetConfig(GRPOConfig):
         "Replay fraction at the end of training, reached linearly over `max_steps`. If `None`, "
         "`replay_fraction` throughout.",
     )
-    replay_capacity: int = _help(
-        option_default("subm", "capacity"), "Replay items kept per prompt."
+    replay_capacity: int | None = _help(
+        None,
+        "Replay items kept per prompt. If `None`, the buffer kind's own (200 for rp, prt and "
+        "subm; a plug-in buffer's own default).",
     )
     replay_valid_min_reward: float | None = _help(
         None,
