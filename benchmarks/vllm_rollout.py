@@ -28,12 +28,15 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from raptb.adapters.tasks.registry import task_spec
 from raptb.app.configuration.config import LoraConfig
 from raptb.app.task_and_policy import build_policy
+
+DECODES = ("eager", "vllm")
 
 
 def main() -> None:
@@ -70,39 +73,14 @@ def main() -> None:
         sync_s = time.perf_counter() - tic
         print(f"{task_name}: sync of {sent} tensors {sync_s * 1e3:.0f} ms")
         for rows in (int(r) for r in args.rows.split(",")):
-            seconds: dict[str, list[float]] = {"eager": [], "vllm": []}
-            engine_s: list[float] = []
-            tokens: dict[str, list[int]] = {"eager": [], "vllm": []}
-            for repeat in range(args.repeats + 1):
-                for decode in ("eager", "vllm"):
-                    policy.decode = decode  # type: ignore[assignment]
-                    generator = torch.Generator().manual_seed(repeat)
-                    tic = time.perf_counter()
-                    rollout = policy.sample(
-                        prompt,
-                        rows,
-                        min_length=task.min_length,
-                        max_length=task.max_length,
-                        generator=generator,
-                    )
-                    elapsed = time.perf_counter() - tic
-                    if repeat:  # the first of each is a warm-up
-                        seconds[decode].append(elapsed)
-                        tokens[decode].append(int(rollout.length.sum()))
-                        if decode == "vllm":
-                            engine_s.append(rollout.timings.model_s)
-            for decode in ("eager", "vllm"):
-                median = statistics.median(seconds[decode])
+            timed = side_by_side(policy, task, prompt, rows, args.repeats)
+            for decode, figures in timed.items():
                 record = {
                     "task": task_name,
                     "rows": rows,
                     "decode": decode,
                     "threads": args.threads,
-                    "ms_per_rollout": median * 1e3,
-                    "tokens_per_s": statistics.mean(tokens[decode]) / median,
-                    "engine_share": (
-                        statistics.median(engine_s) / median if decode == "vllm" else None
-                    ),
+                    **figures,
                     "sync_ms": sync_s * 1e3,
                     "engine_start_s": start_s,
                     "repeats": args.repeats,
@@ -112,10 +90,49 @@ def main() -> None:
                 }
                 records.append(record)
                 print(json.dumps(record))
-        policy.decode = "eager"  # type: ignore[assignment]
     if args.json:
         old = json.loads(args.json.read_text()) if args.json.exists() else []
         args.json.write_text(json.dumps(old + records, indent=1) + "\n")
+
+
+def side_by_side(
+    policy: Any, task: Any, prompt: str, rows: int, repeats: int, decodes: tuple[str, ...] = DECODES
+) -> dict[str, dict[str, float | None]]:
+    """Each decode path's rollout of ``rows`` rows of ``prompt``, alternating on ``policy``, one
+    rollout each per repeat after one untimed warm-up each, the same generator seed for each path
+    in a repeat: per path the median ms per rollout, the generated tokens per second over the
+    median, and for vLLM the engine's share of the median. The policy decodes eagerly after."""
+    seconds: dict[str, list[float]] = {decode: [] for decode in decodes}
+    tokens: dict[str, list[int]] = {decode: [] for decode in decodes}
+    engine_s: list[float] = []
+    for repeat in range(repeats + 1):
+        for decode in decodes:
+            policy.decode = decode
+            generator = torch.Generator().manual_seed(repeat)
+            tic = time.perf_counter()
+            rollout = policy.sample(
+                prompt,
+                rows,
+                min_length=task.min_length,
+                max_length=task.max_length,
+                generator=generator,
+            )
+            elapsed = time.perf_counter() - tic
+            if repeat:  # the first of each is a warm-up
+                seconds[decode].append(elapsed)
+                tokens[decode].append(int(rollout.length.sum()))
+                if decode == "vllm":
+                    engine_s.append(rollout.timings.model_s)
+    policy.decode = "eager"
+    timed: dict[str, dict[str, float | None]] = {}
+    for decode in decodes:
+        median = statistics.median(seconds[decode])
+        timed[decode] = {
+            "ms_per_rollout": median * 1e3,
+            "tokens_per_s": statistics.mean(tokens[decode]) / median,
+            "engine_share": statistics.median(engine_s) / median if decode == "vllm" else None,
+        }
+    return timed
 
 
 if __name__ == "__main__":

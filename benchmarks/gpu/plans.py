@@ -30,6 +30,8 @@ PLANS: dict[str, tuple[Stage, ...]] = {
         Stage("decode_1b", "stages_speed", 150),
         Stage("decode_135m", "stages_speed", 90),
         Stage("expr24_steps_135m", "stages_speed", 60),
+        # issue 55: vLLM against raptb's decoders (recorded as skipped where the image lacks vllm)
+        Stage("decode_vllm", "stages_speed", 90, min_s=5),
         Stage("headline_pair", "stages_train", 240, min_s=90),
     ),
     "trl_anchor": (

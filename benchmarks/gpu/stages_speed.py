@@ -163,6 +163,65 @@ def decode_smiles(ctx: StageContext) -> dict[str, Any]:
     return _decode_table(ctx, "llama-1b", "smiles", (32, 128), (None,))
 
 
+VLLM_ABSENT = (
+    "vllm is not installed in this image (the slot reaches no package index and its CUDA wheel "
+    "does not fit the uploads): the row waits for an image with vllm"
+)
+
+
+def decode_vllm(ctx: StageContext) -> dict[str, Any]:
+    """Issue 55's row: vLLM's rollout (``sampling.decode = "vllm"``) against raptb's own paths,
+    eager and static, on the SmolLM2-135M and 1B shapes, Expr24, 32 and 128 rows, alternating on
+    one policy (``vllm_rollout.side_by_side``); recorded as skipped, with why, where the image has
+    no vllm."""
+    from raptb.adapters.lm.decode_mode import vllm_installed
+
+    if not vllm_installed():
+        return {"skipped": VLLM_ABSENT}
+    from vllm_rollout import side_by_side
+
+    from raptb.adapters.tasks.registry import task_spec
+    from raptb.app.configuration.config import LoraConfig
+    from raptb.app.task_and_policy import build_policy
+
+    spec = task_spec("expr24")
+    task = spec.build(spec.options())
+    rows_list, repeats = ((4,), 1) if ctx.dry_run else ((32, 128), 3)
+    records: list[dict[str, Any]] = []
+    for name in (SMOLLM2_SHAPE, "llama-1b"):
+        shape = ctx.shape(name)
+        policy = build_policy(ctx.random_model(shape), task, 0, lora=LoraConfig(rank=16))
+        decodes = ("eager", "static", "vllm") if _device() != "cpu" else ("eager", "vllm")
+        for rows in rows_list:
+            timed = side_by_side(policy, task, task.prompts()[0], rows, repeats, decodes)
+            graphs = policy.decoders.graph_summary()
+            for decode, figures in timed.items():
+                records.append(
+                    {
+                        "device": _device(),
+                        "date": _now(),
+                        "model": shape,
+                        "plan_shape": name,
+                        "task": "expr24",
+                        "rows": rows,
+                        "max_length": task.max_length,
+                        "decode": decode,
+                        "decode_ms_per_token_step": None,
+                        "tokens_per_s": figures["tokens_per_s"],
+                        "step_s": None,
+                        "peak_mib": None,
+                        "trainer": "raptb",
+                        "ms_per_rollout": figures["ms_per_rollout"],
+                        "engine_share": figures["engine_share"],
+                        "graphs_captured": decode == "static"
+                        and graphs["captured"] > 0
+                        and not graphs["failed"],
+                    }
+                )
+        del policy
+    return {"records": len(records), "files": {"rollout_speed.json": records}}
+
+
 def _trainer(ctx: StageContext, model: str, overrides: dict[str, Any]) -> Any:
     from raptb.app.configuration.config import build_config
     from raptb.app.training.train import Trainer

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from raptb.adapters.lm.decode_mode import vllm_installed
+
 ROOT = Path(__file__).resolve().parents[2]
 GPU = ROOT / "benchmarks" / "gpu"
 RECORD_FIELDS = (
@@ -41,7 +43,10 @@ def dry_run(tmp_path_factory) -> Path:
     return out
 
 
-def test_first_plan_dry_run_writes_every_field(dry_run):
+def test_first_plan_dry_run_writes_every_field(dry_run, monkeypatch):
+    monkeypatch.syspath_prepend(str(GPU))
+    from stages_speed import VLLM_ABSENT
+
     files = sorted(p.name for p in dry_run.iterdir())
     assert files == [
         "headline_smollm2.json",
@@ -52,7 +57,8 @@ def test_first_plan_dry_run_writes_every_field(dry_run):
     plan = json.loads((dry_run / "plan_first.json").read_text())
     stages = plan["stages"]
     assert list(stages) == [
-        "environment", "decode_1b", "decode_135m", "expr24_steps_135m", "headline_pair",
+        "environment", "decode_1b", "decode_135m", "expr24_steps_135m", "decode_vllm",
+        "headline_pair",
     ]  # fmt: skip
     assert {name: s["status"] for name, s in stages.items()} == dict.fromkeys(stages, "ok")
     env = stages["environment"]["result"]
@@ -69,6 +75,12 @@ def test_first_plan_dry_run_writes_every_field(dry_run):
         ("static", "1/1")
     }
     assert {r["decode"] for r in decode} == {"eager", "static"}
+    vllm = stages["decode_vllm"]["result"]
+    if vllm_installed():
+        assert vllm["records"] > 0 and {r["decode"] for r in records} >= {"vllm"}
+    else:  # the image has no vllm: the row says so, and nothing else is recorded
+        assert vllm == {"skipped": VLLM_ABSENT}
+        assert all(r["decode"] != "vllm" for r in records)
     steps = stages["expr24_steps_135m"]["result"]
     assert steps["steps_per_s"] > 0 and [r["task"] for r in records if "task" in r][-1] == "expr24"
 
