@@ -93,13 +93,8 @@ def test_the_replay_buffer_pages_example_trains_with_the_buffers_own_default(
     assert 0 < len(buffer) <= 50
     recorded = tomllib.loads((tmp_path / "runs" / "newest" / "config.toml").read_text())
     assert recorded["replay"]["capacity"] == 50
-    assert set(recorded["replay"]) == {
-        "kind",
-        "capacity",
-        "p_replay",
-        "p_oracle",
-        "oracle_fraction",
-    }
+    # the mix it reads (no oracle: no p_oracle, oracle_fraction) and the option it declares
+    assert set(recorded["replay"]) == {"kind", "capacity", "p_replay"}
     flagged = raptb.build_config(overrides={"replay.kind": "newest", "replay.capacity": 1000})
     assert flagged.replay.buffer_kwargs() == {"capacity": 1000}
     shown = re.search(r"\nerror: (invalid config: .*)\n", BUFFER_PAGE.read_text())

@@ -13,8 +13,8 @@ built with the section's 200, and one that declares no options would drop ``--re
   SubM is built with;
 - an option the file or a flag sets that the kind does not declare is refused, in one line
   (:func:`check_chosen`), not dropped;
-- ``config.toml`` records the behaviour mix and the options the kind reads, nothing else
-  (:func:`recorded`).
+- ``config.toml`` records the part of the behaviour mix and the options the kind reads, nothing
+  else (:func:`recorded`).
 """
 
 from __future__ import annotations
@@ -79,8 +79,17 @@ def check_chosen(kind: Any, chosen: Iterable[str], section_fields: Iterable[str]
     )
 
 
+def mix_read(kind: str) -> tuple[str, ...]:
+    """The behaviour mix's fields a run of buffer ``kind`` reads: ``p_replay`` where there is a
+    buffer, ``p_oracle`` and ``oracle_fraction`` where it is built from the task's oracle."""
+    if kind == NO_REPLAY:
+        return ("kind",)
+    oracle = kind in BUFFERS and buffer_class(kind).oracle
+    return MIX_OPTIONS if oracle else ("kind", "p_replay")
+
+
 def recorded(replay: Mapping[str, Any]) -> dict[str, Any]:
     """The ``[replay]`` values a run records (``replay``: the section's values by name): the
-    behaviour mix and the options its kind reads."""
-    keep = {*MIX_OPTIONS, *declared(replay["kind"])}
+    behaviour mix its kind reads and the options its kind reads."""
+    keep = {*mix_read(replay["kind"]), *declared(replay["kind"])}
     return {name: value for name, value in replay.items() if name in keep}

@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from raptb.app.configuration.config import TrainConfig, load_config
+from raptb.app.configuration.config import TrainConfig, load_config, recorded_data
 from raptb.app.run_dir.checkpoint import checkpoint_dir
 from raptb.app.run_dir.eval_folder import eval_dir
 from raptb.app.run_dir.run_config import CONFIG_FILE
@@ -104,8 +104,9 @@ def resumed_config(run_dir: Path, config: TrainConfig) -> TrainConfig:
     if config.schedule_steps is None:
         # runs saved before the horizon was recorded ran their schedules over their steps
         config = with_horizon(config, saved.schedule_horizon)
-    old = _flatten(with_horizon(saved, saved.schedule_horizon).model_dump(mode="json"))
-    new = _flatten(config.model_dump(mode="json"))
+    # compared as recorded: a field no part of the run reads is not recorded, nor compared
+    old = _flatten(recorded_data(with_horizon(saved, saved.schedule_horizon)))
+    new = _flatten(recorded_data(config))
     changed = [
         f"{key} ({old.get(key)!r} -> {new.get(key)!r})"
         for key in sorted(set(old) | set(new))

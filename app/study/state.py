@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raptb.app.configuration.config import ConfigError, TrainConfig, load_config
+from raptb.app.configuration.config import ConfigError, TrainConfig, load_config, recorded_data
 from raptb.app.run_dir.checkpoint import checkpoint_step, latest_checkpoint
 from raptb.app.run_dir.run_lock import lock_holder
 
@@ -54,10 +54,11 @@ def latest_step(run_dir: Path) -> int | None:
 
 
 def _comparable(config: TrainConfig) -> dict[str, Any]:
-    """The fields that make a run: threads aside, and the schedule horizon resolved (a run saves
-    its resolved ``schedule_steps``; a planned None means ``steps``)."""
+    """The fields that make a run, as a run records them (``recorded_data``): threads aside, and
+    the schedule horizon resolved (a run saves its resolved ``schedule_steps``; a planned None
+    means ``steps``)."""
     update = {"threads": None, "schedule_steps": config.schedule_horizon}
-    return config.model_copy(update=update).model_dump(mode="json")
+    return recorded_data(config.model_copy(update=update))
 
 
 def config_difference(planned: TrainConfig, run_dir: Path, name: str = "config.toml") -> str | None:

@@ -289,3 +289,51 @@ def test_a_recorded_config_toml_from_before_lists_every_kinds_options_and_still_
     assert load_config(path).replay.kind == "subm"
     with pytest.raises(ConfigError, match="replay kind 'subm' does not take them"):
         build_config(path)  # as a user's file: refused
+
+
+@pytest.mark.parametrize(
+    ("overrides", "present", "absent"),
+    [
+        # a GFlowNet run on the embedded model with a buffer: no [rl], no oracle mix
+        (
+            {"loss": "raptb", "replay.kind": "subm"},
+            {"tiny", "replay.p_replay"},
+            {"rl", "replay.p_oracle", "replay.oracle_fraction"},
+        ),
+        # Oracle replay reads the oracle mix
+        (
+            {"loss": "tb", "replay.kind": "oracle"},
+            {"replay.p_replay", "replay.p_oracle", "replay.oracle_fraction"},
+            {"rl"},
+        ),
+        # an RL loss replays nothing: [rl], and no replay share
+        ({"loss": "grpo"}, {"rl", "tiny"}, {"replay.p_replay", "replay.p_oracle"}),
+        # a pretrained model has no embedded shape
+        ({"loss": "tb", "model": "smollm2-135m"}, {"optim"}, {"tiny", "rl"}),
+    ],
+)
+def test_config_toml_records_only_what_the_run_reads(
+    overrides: dict[str, Any], present: set[str], absent: set[str], tmp_path: Path
+):
+    config = build_config(overrides=overrides)
+    path = tmp_path / "config.toml"
+    save_config(config, path)
+    data = tomllib.loads(path.read_text())
+
+    def has(key: str) -> bool:
+        section, _, name = key.partition(".")
+        return section in data and (not name or name in data[section])
+
+    assert {key for key in present if not has(key)} == set()
+    assert {key for key in absent if has(key)} == set()
+    # read back, it runs the same: every field a component reads is equal
+    again = load_config(path)
+    for section in ("objective", "optim", "sampling", "reward"):
+        assert getattr(again, section) == getattr(config, section)
+    assert again.replay.kind == config.replay.kind
+    for key in [k.partition(".")[2] for k in present if k.startswith("replay.")]:
+        assert getattr(again.replay, key) == getattr(config.replay, key)
+    if config.loss_entry.section == "rl":
+        assert again.rl == config.rl
+    if config.model == "tiny":
+        assert again.tiny == config.tiny
