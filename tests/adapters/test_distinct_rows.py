@@ -6,8 +6,6 @@ and no merging where the forward is random (dropout in training mode)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -178,38 +176,3 @@ def test_a_random_forward_is_not_merged(monkeypatch) -> None:
     with torch.no_grad():
         policy.score("24:", tokens, length)
     assert forwards == [12, 5]  # every row in training mode, the distinct in eval
-
-
-def test_a_run_with_the_copies_merged_trains_like_one_without(tmp_path, monkeypatch) -> None:
-    """``optim.merge_copies`` reaches the trainer's policy, and the main job's first steps (copies
-    in every step: the rollout repeats itself) log the same records up to float rounding."""
-    from raptb.adapters.lm import policy as policy_module
-    from raptb.app.configuration.config import build_config
-    from raptb.app.training.train import Trainer
-
-    merged_rows: list[int] = []
-    find = policy_module.distinct_rows
-
-    def counted(prompts, body, length):
-        found = find(prompts, body, length)
-        merged_rows.append(0 if found is None else body.shape[0] - len(found.first))
-        return found
-
-    monkeypatch.setattr(policy_module, "distinct_rows", counted)
-    records = {}
-    for merge in (True, False):
-        overrides = {"task": "expr24", "loss": "raptb", "replay.kind": "subm", "seed": 3}
-        config = build_config(overrides=overrides | {"steps": 12, "optim.merge_copies": merge})
-        trainer = Trainer(config, tmp_path / str(merge), progress=False)
-        assert trainer.policy.merge_copies is merge
-        trainer.train()
-        lines = (tmp_path / str(merge) / "metrics.jsonl").read_text().splitlines()
-        records[merge] = [json.loads(line) for line in lines]
-        if merge:
-            assert len(merged_rows) == 12 and min(merged_rows) > 0  # every step had copies
-    assert len(records[True]) == len(records[False]) == 12
-    for merged, every in zip(records[True], records[False], strict=True):
-        assert merged.keys() == every.keys()
-        for key, value in every.items():
-            if key != "seconds":  # wall time
-                assert merged[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
