@@ -69,3 +69,18 @@ def test_the_docs_list_every_removed_key() -> None:
     section = text[text.index("## Removed keys") :]
     listed = [line.split("`")[1] for line in section.splitlines() if line.startswith("| `")]
     assert listed == [f"{section}.{key}" for section, key in REMOVED]
+
+
+def test_a_run_from_before_resumes(tmp_path: Path) -> None:
+    """``--resume`` reads the run's own config.toml as its record: the removed keys it holds are
+    dropped, and the run continues."""
+    run = tmp_path / "run"
+    args = ["train", "--steps", "1", "--threads", "1", "--optim.batch_size", "8"]
+    assert CliRunner().invoke(app, [*args, "--out", str(run)]).exit_code == 0
+    recorded = run / "config.toml"
+    removed = "".join(f"{key} = true\n" for _, key in REMOVED)
+    recorded.write_text(recorded.read_text().replace("[optim]\n", f"[optim]\n{removed}"))
+    resumed = ["train", "--resume", "--out", str(run), "--steps", "2", "--threads", "1"]
+    result = CliRunner().invoke(app, resumed)
+    assert result.exit_code == 0, result.output
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
