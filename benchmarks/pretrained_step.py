@@ -72,7 +72,8 @@ def worker(args: argparse.Namespace) -> None:
 
 def check(args: argparse.Namespace) -> str:
     """``--check``: the shared-prompt rescoring and reference pass against the model's own forward
-    over every row (``HFPolicy.shared_prompts`` off) on ``--model`` with LoRA r16 (its B weights
+    over every row (the path of a model sharded across processes, ``step_together`` set on this
+    one process; adapters/lm/paths.py) on ``--model`` with LoRA r16 (its B weights
     drawn, so the adapters change every logit), 32 rows of the first task's prompt: the largest
     differences of the log-probabilities and of the LoRA gradients."""
     import torch
@@ -97,7 +98,7 @@ def check(args: argparse.Namespace) -> str:
     policy.model.train()
     results = []
     for shared in (True, False):
-        policy.shared_prompts = shared
+        policy.step_together = None if shared else (lambda done: done)
         policy.model.zero_grad(set_to_none=True)
         log_pf, log_pterm = policy.score(prompt, rollout.tokens, rollout.length)
         (log_pf.sum() + log_pterm.sum()).backward()

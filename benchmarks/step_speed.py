@@ -18,10 +18,9 @@ Usage (from the repository root):
     python benchmarks/step_speed.py floor [--rolled-out 40 --steps 100]
     python benchmarks/step_speed.py ab --base-python /work/venv-base/bin/python \
         --base-root /work/wt-base [--rounds 3 --threads 1 0]
-    python benchmarks/step_speed.py copies [--phases 30 1000 2500 --steps 200 --loss grpo]
     python benchmarks/step_speed.py decode [--phases 30 1000 2500 --steps 200 --loss grpo \
         --task commongen]
-    python benchmarks/step_speed.py gelu|attention|rollout|threads [--phases 30 1000 --steps 200]
+    python benchmarks/step_speed.py rollout|threads [--phases 30 1000 --steps 200]
     python benchmarks/step_speed.py sizes [--rounds 5 --threads 1]
     python benchmarks/step_speed.py interleave --base-python /work/venv-base/bin/python \
         --base-root /work/wt-base [--threads 1 --warmup 30 --blocks 40 --block 10]
@@ -33,23 +32,20 @@ and backward, and the rollout of ``--rolled-out`` rows) and the time the bare pr
 one thread. ``ab`` runs the worker for the
 checkout at ``--base-root`` (its own interpreter, so its own install) and for this one,
 alternating round by round, each in a fresh process, and prints a Markdown table of steps/s and
-the ratio per thread setting and the stage medians of both sides. ``copies`` times one trainer with
-the scoring forward over the distinct rows only (``HFPolicy.merge_copies``,
-adapters/lm/distinct_rows.py) and over every row, alternating step by step for ``--steps`` steps
-each in one process, at each step of ``--phases`` (the training carried on between phases with the
-copies merged), and prints a Markdown table with the mean distinct rows per phase; ``--loss``
-another loss than the main job's RapTB (a GFlowNet loss with SubM, an RL one as its defaults have
-it), ``--task`` another task than Expr24. ``decode`` is ``copies`` for the rollout's path: each
-column in one ONNX Runtime call (``HFPolicy.decode`` "onnx", adapters/lm/embedded/onnx_rollout.py,
-the default on the CPU) against torch's operations ("eager"), with the rollout's own median
-milliseconds (its ``RolloutTimings``) beside the step's; ``grammar``, ``one-call``, ``adamw``,
-``gelu``, ``attention`` and ``rollout`` alternate two settings of the same kind in one trainer
-(the rollout's masks from the task's automaton or from xgrammar; the rollout in one ONNX Runtime
-call or a call per column; AdamW's fused or foreach update; the rescoring's tanh GELU by
-``adapters/lm/embedded/tanh_gelu.py`` or by torch's kernels; its attention by
-``adapters/lm/embedded/prompt_attention.py`` or by torch's SDPA; the one-call rollout by
+the ratio per thread setting and the stage medians of both sides. ``decode`` times one trainer
+with the rollout's path each column in one ONNX Runtime call (``HFPolicy.decode`` "onnx",
+adapters/lm/embedded/onnx_rollout.py, the default on the CPU) and torch's operations ("eager"),
+alternating step by step for ``--steps`` steps each in one process, at each step of ``--phases``
+(the training carried on between phases), with the rollout's own median milliseconds (its
+``RolloutTimings``) beside the step's; ``--loss`` another loss than the main job's RapTB (a
+GFlowNet loss with SubM, an RL one as its defaults have it), ``--task`` another task than Expr24.
+``grammar``, ``one-call``, ``adamw`` and ``rollout`` alternate two settings of the same kind in
+one trainer (the rollout's masks from the task's automaton or from xgrammar; the rollout in one
+ONNX Runtime call or a call per column; AdamW's fused or foreach update; the one-call rollout by
 ``adapters/lm/embedded/compiled_rollout.py`` or by ONNX Runtime's graph); ``threads`` the same for
-two torch threads against one. ``sizes`` times one rollout
+two torch threads against one. (The modes ``copies``, ``gelu``, ``attention`` and ``rescoring``
+timed switches that are gone, each path now the only one: their tables in
+benchmarks/step_speed.md name the commits that measured them.) ``sizes`` times one rollout
 through ONNX and eagerly for GPT-2 models of growing size (``SIZES``), the two alternating
 ``--rounds`` times.
 ``interleave`` is ``ab`` without the fresh processes: one worker process per side (``serve``)
@@ -411,47 +407,6 @@ def _alternating(
     return start, times
 
 
-def copies(args: argparse.Namespace) -> None:
-    """The scoring forward over distinct rows against every row, alternating in one trainer."""
-    import torch
-
-    from raptb.adapters.lm import policy as policy_module
-
-    trainer = _loss_trainer(args)
-    seen: list[tuple[int, int]] = []  # (rows, distinct rows) of each merged scoring forward
-    find = policy_module.distinct_rows
-
-    def counted(prompts: Any, body: Any, length: Any) -> Any:
-        found = find(prompts, body, length)
-        seen.append((body.shape[0], body.shape[0] if found is None else len(found.first)))
-        return found
-
-    policy_module.distinct_rows = counted
-
-    def choose(side: str) -> None:
-        trainer.policy.merge_copies = side == "merged"
-
-    print(
-        "| from step | distinct rows per scoring forward | ms/step, merged (median; mean) | "
-        "ms/step, every row (median; mean) | ratio of medians | ratio of means |"
-    )
-    print("|---:|---:|---|---|---:|---:|")
-    sides = ("merged", "every row")
-    for phase in args.phases:
-        start, times = _alternating(trainer, phase, args.steps, sides, choose, seen.clear)
-        distinct = statistics.mean(n for _, n in seen)
-        rows = statistics.mean(b for b, _ in seen)
-        medians = [statistics.median(times[side]) for side in sides]
-        means = [statistics.mean(times[side]) for side in sides]
-        print(
-            f"| {start} | {distinct:.1f} of {rows:.0f} | {medians[0]:.1f}; {means[0]:.1f} | "
-            f"{medians[1]:.1f}; {means[1]:.1f} | {medians[1] / medians[0]:.3f}x | "
-            f"{means[1] / means[0]:.3f}x |",
-            flush=True,
-        )
-    print(f"\ntorch threads {torch.get_num_threads()}, seed {args.seed}")
-
-
 def _rollout_sides(
     args: argparse.Namespace,
     trainer: Any,
@@ -558,17 +513,10 @@ def adamw(args: argparse.Namespace) -> None:
 
 
 POLICY_SWITCHES = {
-    "gelu": ("tanh_gelu", ("kept slope", "torch's kernels")),
-    "attention": ("prompt_attention", ("by tokens", "torch's SDPA")),
     "rollout": ("compiled_rollout", ("compiled loop", "ONNX Runtime's graph")),
-    "rescoring": ("compiled_rescoring", ("compiled", "torch's autograd")),
 }
 """Modes that switch one ``HFPolicy`` attribute between True (the first side) and False: the
-rescoring's tanh GELU by ``adapters/lm/embedded/tanh_gelu.py`` against torch's GELU kernels, its
-attention by ``adapters/lm/embedded/prompt_attention.py`` against torch's SDPA, the one-call rollout
-by ``adapters/lm/embedded/compiled_rollout.py`` against ONNX Runtime's graph, the rescoring's
-forward and backward by ``adapters/lm/embedded/compiled_rescoring.py`` against torch's operations
-and autograd."""
+one-call rollout by ``adapters/lm/embedded/compiled_rollout.py`` against ONNX Runtime's graph."""
 
 
 def policy_switch(args: argparse.Namespace) -> None:
@@ -683,7 +631,7 @@ def _loss_trainer(args: argparse.Namespace) -> Any:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    modes = ["profile", "ab", "floor", "copies", "decode", "grammar", "one-call", "sizes"]
+    modes = ["profile", "ab", "floor", "decode", "grammar", "one-call", "sizes"]
     modes += ["adamw", *POLICY_SWITCHES, "threads", "interleave", "serve"]
     parser.add_argument("mode", choices=modes)
     parser.add_argument("--seed", type=int, default=3)
@@ -699,16 +647,14 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=40, help="interleave: turns per side")
     parser.add_argument("--block", type=int, default=10, help="interleave: steps per turn")
     parser.add_argument(
-        "--loss", default="raptb", help="copies, decode: the loss (GFlowNet ones with SubM)"
+        "--loss", default="raptb", help="decode: the loss (GFlowNet ones with SubM)"
     )
-    parser.add_argument("--task", default="expr24", help="copies, decode: the task")
+    parser.add_argument("--task", default="expr24", help="decode: the task")
     args = parser.parse_args()
     if args.mode == "floor":
         for shared in (False, True):
             record = floor(128, args.rolled_out, 8, 9, args.steps, shared)
             print(json.dumps({"prompt_once": shared, **record}))
-    elif args.mode == "copies":
-        copies(args)
     elif args.mode == "decode":
         decode(args)
     elif args.mode == "grammar":

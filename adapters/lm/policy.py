@@ -17,7 +17,9 @@ adapter disabled, or a frozen copy taken on first use). Both take a ``temperatur
 the log-probs of the softmax of logits / temperature, which the RL baselines score at their
 sampling temperature as TRL does; the GFlowNet objectives always score temperature 1. Prompts
 are tokenised once; rows are left-padded to the longest prompt; tokens after a stop are ignored.
-``lean_gpt2`` runs rollout and rescoring where it supports the model (``uses_lean_gpt2``).
+``lean_gpt2`` runs rollout and rescoring where it supports the model (``uses_lean_gpt2``). Which
+module draws and which rescores, per device, model and grammar: ``raptb.adapters.lm.paths``
+(``HFPolicy.paths``); the rescoring's forward: ``raptb.adapters.lm.rescoring``.
 
 Activation checkpointing (:meth:`HFPolicy.enable_activation_checkpointing`, TRL's
 ``gradient_checkpointing``) applies to that teacher-forced pass (transformers' own per-block,
@@ -36,15 +38,15 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from raptb.adapters.lm import shared_prompts
 from raptb.adapters.lm.decode_mode import DecodeMode, resolve_decode
-from raptb.adapters.lm.distinct_rows import distinct_rows, stochastic_forward
-from raptb.adapters.lm.embedded import compiled_rescoring, lean_gpt2, onnx_rollout
+from raptb.adapters.lm.embedded import lean_gpt2, onnx_rollout
 from raptb.adapters.lm.gpu.static_decoder import StaticDecoders
 from raptb.adapters.lm.grammar import GrammarBatch
-from raptb.adapters.lm.rollout import sample_rollout, token_log_probs
+from raptb.adapters.lm.paths import RESCORING_MODULES, ROLLOUT_MODULES, grammar_kind, rollout_path
+from raptb.adapters.lm.rescoring import forward_log_probs
+from raptb.adapters.lm.rescoring import path_of as rescoring_path_of
+from raptb.adapters.lm.rollout import sample_rollout
 from raptb.adapters.lm.rollout_record import softmax_entropy
-from raptb.adapters.lm.row_prompts import left_padded, row_prompt_ids
 from raptb.adapters.lm.table_grammar import TableGrammarBatch
 from raptb.adapters.lm.tokens import token_texts
 from raptb.core.char_automaton import CharAutomaton, token_table
@@ -128,17 +130,6 @@ class HFPolicy:
         self._lean_support: weakref.WeakKeyDictionary[torch.nn.Module, bool] = (
             weakref.WeakKeyDictionary()
         )
-        self.merge_copies = True
-        """Whether a scoring forward computes each distinct row once (``adapters.lm.distinct_rows``:
-        the same values and gradients, up to float rounding); off only to compare."""
-        self.tanh_gelu = True
-        """Whether the lean forward's rescoring computes the tanh GELU by
-        ``adapters.lm.embedded.tanh_gelu`` (the same function, its derivative kept from the forward)
-        on a CPU; off only to compare."""
-        self.prompt_attention = True
-        """Whether the lean forward's rescoring of rows that share a prompt computes attention by
-        ``adapters.lm.embedded.prompt_attention`` (the same function, loops over the tokens) on a
-        CPU; off only to compare."""
         self.one_call = True
         """Whether the ONNX path runs a rollout without a grammar or with an automaton's table
         in one call of its ``rollout`` graph (``onnx_rollout``: the same rollouts); off only
@@ -147,16 +138,9 @@ class HFPolicy:
         """Whether that one call is ``adapters.lm.embedded.compiled_rollout``'s compiled loop (the
         same function, about 2x faster on the embedded model) rather than ONNX Runtime's graph; off
         only to compare."""
-        self.compiled_rescoring = True
-        """Whether the rescoring of rows that share a prompt, on a model ``lean_gpt2`` supports,
-        runs forward and backward as ``adapters.lm.embedded.compiled_rescoring``'s compiled
-        functions (the same function up to float rounding); off only to compare."""
-        self.shared_prompts = True
-        """Whether the eager rollout's prefill, the rescoring and the reference pass of a model
-        ``lean_gpt2`` does not run forward each distinct prompt once and apply the head only where
-        read (``adapters.lm.shared_prompts``: the same values and gradients up to float rounding)
-        rather than the model's own forward over every row's prompt; off only to compare."""
-        self._checkpointed = False
+        self.checkpointed = False
+        """Whether ``enable_activation_checkpointing`` has run (training-mode forwards then take
+        transformers' own, ``paths``)."""
         self.step_together: Callable[[bool], bool] | None = None
         """For a model sharded across processes (whose forwards are collectives): called once per
         rollout step with whether this process's rows have all stopped, it returns whether every
@@ -184,6 +168,19 @@ class HFPolicy:
             )
         )
         return resolve_decode(self.decode, self.device, sharded=sharded, onnx=onnx)
+
+    @property
+    def paths(self) -> tuple[str, str]:
+        """The modules (``adapters.lm.paths``' ``ROLLOUT_MODULES``, ``RESCORING_MODULES``) that
+        ``sample`` and ``score`` run now, for rows that share one prompt (docs/layout.md, "Which
+        path runs when")."""
+        grammar = grammar_kind(self.grammar, self.automaton)
+        rows, body = [self.prompt_ids("")], torch.zeros(1, 1, dtype=torch.long)
+        rescoring = rescoring_path_of(self, self.model, rows, body)
+        return (
+            ROLLOUT_MODULES[rollout_path(self.decode_path, grammar)],
+            RESCORING_MODULES[rescoring],
+        )
 
     def grammar_batch(self, n: int) -> GrammarBatch | TableGrammarBatch | None:
         """The grammar's state for ``n`` rows (built once per ``n``): the automaton's table where
@@ -265,133 +262,7 @@ class HFPolicy:
             inner.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
-        self._checkpointed = True
-
-    def _forward_log_probs(
-        self,
-        model: PreTrainedModel,
-        prompt: str | Sequence[str],
-        tokens: torch.Tensor,
-        length: torch.Tensor,
-        hidden: bool = False,
-        temperature: float = 1.0,
-        per_state: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    ) -> tuple[torch.Tensor, ...]:
-        if tokens.ndim != 2:
-            raise ValueError(f"tokens: expected shape [B, T], got {tuple(tokens.shape)}")
-        b, big_t = tokens.shape
-        if tuple(length.shape) != (b,):
-            raise ValueError(f"length: expected shape [{b}], got {tuple(length.shape)}")
-        device = self.device
-        tokens, length = tokens.to(device), length.to(device)
-        if b and (int(length.min()) < 0 or int(length.max()) > big_t):
-            raise ValueError(f"length: values must lie in [0, T={big_t}]")
-        rows = row_prompt_ids(self.prompt_ids, prompt, b) if b else []
-        # positions after the stop hold arbitrary ids; causal attention keeps them out of every
-        # earlier prefix, so any valid id will do
-        body = torch.where(
-            torch.arange(big_t, device=device) < length[:, None], tokens, self.stop_id
-        )
-        copies = None
-        if self.merge_copies and not stochastic_forward(model):
-            copies = distinct_rows(rows, body, length)
-        if copies is None:
-            return self._rows_log_probs(
-                model, prompt, rows, body, length, hidden, temperature, per_state
-            )
-        first = copies.first.tolist()
-        outputs = self._rows_log_probs(
-            model,
-            prompt if isinstance(prompt, str) else [prompt[i] for i in first],
-            [rows[i] for i in first],
-            body[copies.first],
-            length[copies.first],
-            hidden,
-            temperature,
-            per_state,
-        )
-        return tuple(copies.gather(out) for out in outputs)
-
-    def _rows_log_probs(
-        self,
-        model: PreTrainedModel,
-        prompt: str | Sequence[str],
-        rows: list[list[int]],
-        body: torch.Tensor,
-        length: torch.Tensor,
-        hidden: bool,
-        temperature: float,
-        per_state: Callable[[torch.Tensor], torch.Tensor] | None,
-    ) -> tuple[torch.Tensor, ...]:
-        """``_forward_log_probs`` of checked rows: prompt ids ``rows``, tokens ``body`` [B, T]
-        (the stop id after each row's ``length``)."""
-        big_t = body.shape[1]
-        device = body.device
-        # left-padded to the longest prompt (mask 0 on pads, each row's own positions), so every
-        # row's first generated token sits in the same column
-        cols = torch.arange(big_t, device=device)
-        token_mask = cols[None, :] < length[:, None]
-        prefix_mask = torch.arange(big_t + 1, device=device)[None, :] <= length[:, None]
-        hidden_states = None
-        next_tokens = torch.cat([body, torch.full_like(body[:, :1], self.stop_id)], dim=1)
-        more = hidden or per_state is not None
-        compiled = self._compiled_rescoring(model, rows, body, more)
-        if compiled or self._shares_prompts(model, rows, more):
-            self.check_positions(max(len(row) for row in rows), big_t)
-            token_lp, stop_lp = (
-                compiled_rescoring.log_probs(
-                    model, rows[0], body, next_tokens, self.stop_id, temperature
-                )
-                if compiled
-                else shared_prompts.read_log_probs(
-                    model, rows, body, length, self.pad_id, self.stop_id, temperature
-                )
-            )
-            log_pf = torch.where(token_mask, token_lp[:, :big_t], 0.0)
-            return log_pf, torch.where(prefix_mask, stop_lp, 0.0)
-        if rows and not hidden and self.uses_lean_gpt2(model):
-            self.check_positions(max(len(row) for row in rows), big_t)
-            logits = self._lean_logits(model, rows, body)
-        else:
-            logits, hidden_states = self._logits(model, prompt, rows, body, hidden)
-        token_lp, stop_lp = token_log_probs(logits, next_tokens, self.stop_id, temperature)
-        log_pf = torch.where(token_mask, token_lp[:, :big_t], 0.0)
-        log_pterm = torch.where(prefix_mask, stop_lp, 0.0)
-        if per_state is not None:
-            values = per_state(logits)  # [B, T + 1, ...]: a value (or a vector) per state
-            mask = prefix_mask.reshape(*prefix_mask.shape, *([1] * (values.ndim - 2)))
-            return log_pf, log_pterm, torch.where(mask, values, 0.0)
-        return (log_pf, log_pterm, hidden_states) if hidden else (log_pf, log_pterm)
-
-    def _compiled_rescoring(
-        self, model: PreTrainedModel, rows: list[list[int]], body: torch.Tensor, more: bool
-    ) -> bool:
-        """Whether ``compiled_rescoring`` scores these rows: switched on, rows that share one
-        prompt and have tokens, only the log-probabilities asked for (not ``more``: hidden
-        states or per-state values), and a model it computes."""
-        return (
-            self.compiled_rescoring
-            and not more
-            and bool(rows)
-            and bool(rows[0])
-            and body.shape[1] > 0
-            and self.uses_lean_gpt2(model)
-            and compiled_rescoring.computes(model)
-            and all(row == rows[0] for row in rows)
-        )
-
-    def _shares_prompts(self, model: PreTrainedModel, rows: list[list[int]], more: bool) -> bool:
-        """Whether ``shared_prompts`` scores these rows: switched on, rows, only the log-probs
-        asked for, one process, not a checkpointed forward (training mode), a model ``lean_gpt2``
-        does not run."""
-        plain = self.step_together is None and not (self._checkpointed and model.training)
-        return (
-            self.shared_prompts
-            and not more
-            and bool(rows)
-            and plain
-            and not self.uses_lean_gpt2(model)
-        )
+        self.checkpointed = True
 
     def uses_lean_gpt2(self, model: PreTrainedModel) -> bool:
         """Whether ``model``'s forwards run through ``raptb.adapters.lm.embedded.lean_gpt2`` (a
@@ -405,55 +276,6 @@ class HFPolicy:
             supported = self._lean_support[model] = lean_gpt2.supports(model)
         return supported
 
-    def _lean_logits(
-        self, model: PreTrainedModel, rows: list[list[int]], body: torch.Tensor
-    ) -> torch.Tensor:
-        """Logits [B, T+1, V] after each row's prompt and its tokens ``body`` [B, T], by
-        ``lean_gpt2`` (a prompt shared by every row computed once, in the rows' own pass)."""
-        if body.shape[1] and all(row == rows[0] for row in rows):
-            return lean_gpt2.shared_prompt_logits(
-                model, rows[0], body, self.tanh_gelu, self.prompt_attention
-            )
-        first, past, following, key_mask = lean_gpt2.prompt_logits_and_past(
-            model, rows, self.pad_id, self.device, self.tanh_gelu
-        )
-        big_t = body.shape[1]
-        positions = following + torch.arange(big_t, device=body.device)[None, :]
-        if key_mask is not None:
-            key_mask = torch.cat([key_mask, key_mask.new_ones(body.shape)], dim=1)
-        logits, _ = lean_gpt2.forward(model, body, positions, past, key_mask, self.tanh_gelu)
-        return torch.cat([first[:, None, :], logits], dim=1)
-
-    def _logits(
-        self,
-        model: PreTrainedModel,
-        prompt: str | Sequence[str],
-        rows: list[list[int]],
-        body: torch.Tensor,
-        hidden: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits [B, T+1, V] after each row's prompt and its tokens ``body`` [B, T] (and the last
-        layer's hidden states [B, P + T, H] when ``hidden``), by the model's own forward."""
-        b, big_t = body.shape
-        device = body.device
-        ids, prompt_mask, positions = left_padded(
-            rows or [self.prompt_ids(prompt if isinstance(prompt, str) else "")],
-            self.pad_id,
-            device,
-        )
-        ids, prompt_mask, positions = ids[:b], prompt_mask[:b], positions[:b]
-        width = ids.shape[1]
-        self.check_positions(int(positions[:, -1].max()) + 1 if b else width, big_t)
-        after = positions[:, -1:] + 1 + torch.arange(big_t, device=device)[None, :]
-        out = model(
-            input_ids=torch.cat([ids, body], dim=1),
-            attention_mask=torch.cat([prompt_mask, torch.ones_like(body)], dim=1),
-            position_ids=torch.cat([positions, after], dim=1),
-            use_cache=False,
-            output_hidden_states=hidden,
-        )
-        return out.logits[:, width - 1 :, :], out.hidden_states[-1] if hidden else None
-
     def score(
         self,
         prompt: str | Sequence[str],
@@ -465,8 +287,8 @@ class HFPolicy:
         pass with gradients (the values the loss trains through), of the softmax of logits /
         ``temperature``. ``prompt``: every row's, or each row's (B prompts, left-padded together as
         in the rollout)."""
-        log_pf, log_pterm = self._forward_log_probs(
-            self.model, prompt, tokens, length, temperature=temperature
+        log_pf, log_pterm = forward_log_probs(
+            self, self.model, prompt, tokens, length, temperature=temperature
         )
         return log_pf, log_pterm
 
@@ -475,8 +297,8 @@ class HFPolicy:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``score`` plus the last layer's hidden states [B, P + T, H] of the same forward pass
         (P = ``len(prompt_ids(prompt))``), for a value head on the policy's backbone."""
-        log_pf, log_pterm, hidden = self._forward_log_probs(
-            self.model, prompt, tokens, length, hidden=True, temperature=temperature
+        log_pf, log_pterm, hidden = forward_log_probs(
+            self, self.model, prompt, tokens, length, hidden=True, temperature=temperature
         )
         return log_pf, log_pterm, hidden
 
@@ -501,8 +323,8 @@ class HFPolicy:
         """``score`` plus ``per_state`` of the untempered logits [B, T+1, V] at each prefix state
         0..T (0 after each row's stop), from the same forward pass and with gradients: e.g. the
         entropy, or the log-probs of the legal tokens and the stop."""
-        log_pf, log_pterm, values = self._forward_log_probs(
-            self.model, prompt, tokens, length, temperature=temperature, per_state=per_state
+        log_pf, log_pterm, values = forward_log_probs(
+            self, self.model, prompt, tokens, length, temperature=temperature, per_state=per_state
         )
         return log_pf, log_pterm, values
 
@@ -524,14 +346,14 @@ class HFPolicy:
             self.model.eval()
             try:
                 with self.model.disable_adapter():
-                    ref_pf, ref_pterm = self._forward_log_probs(
-                        self.model, prompt, tokens, length, temperature=temperature
+                    ref_pf, ref_pterm = forward_log_probs(
+                        self, self.model, prompt, tokens, length, temperature=temperature
                     )
             finally:
                 self.model.train(was_training)
             return ref_pf, ref_pterm
-        ref_pf, ref_pterm = self._forward_log_probs(
-            self.freeze_reference(), prompt, tokens, length, temperature=temperature
+        ref_pf, ref_pterm = forward_log_probs(
+            self, self.freeze_reference(), prompt, tokens, length, temperature=temperature
         )
         return ref_pf, ref_pterm
 

@@ -127,12 +127,10 @@ class _LeanDecoder:
 class RolloutPolicy(DecodingPolicy, Protocol):
     """What the rollout needs of ``raptb.adapters.lm.policy.HFPolicy`` (which calls this module, so
     it is named by its shape rather than imported): the static path's needs, the resolved decoding
-    path, the lock-step hook of a sharded model (None otherwise), whether a prompt its rows share
-    is forwarded once, whether the ONNX path may run a rollout in one call and whether that call
-    is the compiled loop."""
+    path, the lock-step hook of a sharded model (None otherwise), whether the ONNX path may run a
+    rollout in one call and whether that call is the compiled loop."""
 
     step_together: Callable[[bool], bool] | None
-    shared_prompts: bool
     one_call: bool
     compiled_rollout: bool
 
@@ -211,7 +209,7 @@ def eager_logits(
             decoder = _LeanDecoder(policy.model, prompts)
         else:
             policy.model.eval()
-            shared = policy.shared_prompts and policy.step_together is None
+            shared = policy.step_together is None
             rows = [list(row) for row in prompt_rows]
             decoder = _ModelDecoder(policy.model, rows, policy.pad_id, tokens.shape[1], shared)
         logits = decoder.prompt_logits
@@ -268,7 +266,7 @@ def _eager_rollout(
             )
             decoder = _LeanDecoder(policy.model, prompts)
         else:
-            shared = policy.shared_prompts and policy.step_together is None
+            shared = policy.step_together is None
             decoder = _ModelDecoder(policy.model, prompt_rows, policy.pad_id, big_t, shared)
         logits = decoder.prompt_logits
         model_s += time.perf_counter() - tic

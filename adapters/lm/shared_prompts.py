@@ -3,9 +3,9 @@ the output head applied only where a log-probability is read: the rescoring, the
 and the rollout's prefill of a model that ``lean_gpt2`` does not run (a pretrained one).
 
 Row b is prompt ids ``rows[b]`` followed by its tokens ``body[b]``. Forwarding ``cat([prompt,
-body])`` for every row (the model's own forward, ``HFPolicy._logits``) repeats the prompt's work
-for every row that shares it, and transformers' head turns every position's hidden state into
-logits over the whole vocabulary, the prompt's too. Here instead:
+body])`` for every row (the model's own forward, ``rescoring.model_logits``) repeats the prompt's
+work for every row that shares it, and transformers' head turns every position's hidden state
+into logits over the whole vocabulary, the prompt's too. Here instead:
 
 1. the distinct prompts, left-padded together (``row_prompts.left_padded``: mask 0 on the pads,
    each prompt's own positions), go through the model's decoder once, with the KV cache;

@@ -31,7 +31,7 @@ from pydantic import (
 )
 
 from raptb.adapters.tasks.registry import TaskOptions, task_names, task_spec
-from raptb.app.configuration import buffer_defaults
+from raptb.app.configuration import buffer_defaults, removed_keys
 from raptb.app.configuration.loss_defaults import own_defaults
 from raptb.app.configuration.losses import Loss, loss_entry, loss_names
 from raptb.app.configuration.report_to import check_report_to
@@ -340,7 +340,8 @@ def build_config(
     neither the file nor the overrides set, and under them the loss's and the replay buffer's
     own defaults. A ``[replay]`` option the file or the overrides set that the buffer kind does
     not read is a ConfigError; with ``recorded`` (``file`` is a run's own config.toml, whose
-    buffer read none of them; older ones list every kind's options) it is dropped instead. The
+    buffer read none of them; older ones list every kind's options) it is dropped instead, as are
+    keys that were removed (``removed_keys``; without ``recorded`` a ConfigError). The
     run's task section is filled with the task's option defaults, so that config.toml records
     what the task was built with.
     """
@@ -359,6 +360,13 @@ def build_config(
         for part in reversed(key.split(".")):
             nested = {part: nested}
         data = _merge(data, nested)
+    if recorded:
+        data = removed_keys.dropped(data)
+    else:
+        try:
+            removed_keys.refuse(data)
+        except ValueError as exc:
+            raise ConfigError(f"invalid config: {exc}") from None
     chosen_split = {"batch_size", "grad_accum"} & set(data.get("optim", {}))
     replay = data.get("replay")
     if recorded and isinstance(replay, dict) and "kind" in replay:

@@ -135,37 +135,6 @@ class OptimConfig(Section):
         ".md); the rollout is unaffected. Also on when the accelerate FSDP config sets "
         "fsdp_activation_checkpointing.",
     )
-    merge_copies: bool = Field(
-        True,
-        description="Teacher-forced scoring runs the model over the distinct rows of a batch "
-        "only: a row that repeats another (same prompt and trajectory) takes its log-"
-        "probabilities and adds its gradient to it, the same loss and update up to float "
-        "rounding (adapters/lm/distinct_rows.py; off under dropout, whose copies differ). "
-        "False runs every row, for comparison.",
-    )
-    fused_update: bool = Field(
-        True,
-        description="On a CPU, AdamW's fused update: one C++ loop over every parameter (the "
-        "embedded model's 29 tensors: 0.49 against 1.5 ms a step), the same update up to float "
-        "rounding (benchmarks/step_speed.md). False: torch's multi-tensor (foreach) update, for "
-        "comparison. A GPU, or a model sharded with FSDP, keeps torch's default.",
-    )
-    tanh_gelu: bool = Field(
-        True,
-        description="On a CPU, the teacher-forced rescoring's tanh GELU (GPT-2's activation) by "
-        "adapters/lm/embedded/tanh_gelu.py: torch's tanh and two compiled loops, the derivative "
-        "kept from the forward for the backward (the embedded model's step 1.02-1.03x), the same "
-        "function up to float rounding (benchmarks/step_speed.md). False: torch's GELU kernels, "
-        "for comparison.",
-    )
-    prompt_attention: bool = Field(
-        True,
-        description="On a CPU, the teacher-forced rescoring's attention over rows that share one "
-        "prompt (the embedded model's) by adapters/lm/embedded/prompt_attention.py: compiled loops "
-        "over the tokens instead of torch's attention kernel over every row with the prompt's keys "
-        "and values copied to it (the step 1.1-1.2x), the same function up to float rounding "
-        "(benchmarks/step_speed.md). False: torch's scaled-dot-product attention, for comparison.",
-    )
     compiled_rollout: bool = Field(
         True,
         description="On the onnx decoding path, a rollout without a grammar or with a task's "
@@ -174,15 +143,6 @@ class OptimConfig(Section):
         "Runtime call of its graph (about 120 nodes a column, each mostly dispatch): the same "
         "function up to float rounding, the embedded model's rollout about 2x faster "
         "(benchmarks/step_speed.md). False: ONNX Runtime's graph, for comparison.",
-    )
-    compiled_rescoring: bool = Field(
-        True,
-        description="On a CPU, the teacher-forced rescoring of rows that share one prompt (the "
-        "embedded model's, float32, a GPT-2 the lean forward supports) runs forward and backward "
-        "as two compiled Numba functions (adapters/lm/embedded/compiled_rescoring.py: the products "
-        "by BLAS, the rest in loops, the gradient written out) instead of torch's operations and "
-        "autograd: the same function up to float rounding, the main job's step about 1.08x faster "
-        "(benchmarks/step_speed.md). False: torch's path, for comparison.",
     )
 
 

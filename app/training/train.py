@@ -167,11 +167,7 @@ class Trainer:
             self.policy.freeze_reference()  # the base weights, before any update or resume
         if checkpoint is not None:
             load_model_weights(self.policy.model, checkpoint)  # before sharding, if any
-        self.policy.merge_copies = config.optim.merge_copies
-        self.policy.tanh_gelu = config.optim.tanh_gelu
-        self.policy.prompt_attention = config.optim.prompt_attention
         self.policy.compiled_rollout = config.optim.compiled_rollout
-        self.policy.compiled_rescoring = config.optim.compiled_rescoring
         sharding = self.dist.sharding
         if config.optim.gradient_checkpointing or (sharding and sharding.activation_checkpointing):
             self.policy.enable_activation_checkpointing()  # before sharding, if any
@@ -188,10 +184,11 @@ class Trainer:
         # torch takes the multi-tensor (foreach) update on a GPU by default, one tensor at a time
         # on a CPU; on a CPU the foreach update is the same arithmetic (bit for bit) in fewer
         # operations, which on a small model is most of its time, and the fused one (one C++
-        # loop, optim.fused_update) the same update up to float rounding in fewer still
+        # loop; not over a sharded model's parameters) the same update up to float rounding in
+        # fewer still (benchmarks/step_speed.md)
         on_cpu = self.policy.device.type == "cpu"
         self.foreach = True if on_cpu else None
-        fused = on_cpu and config.optim.fused_update and sharding is None
+        fused = on_cpu and sharding is None
         self.optimizer = torch.optim.AdamW(
             [
                 {

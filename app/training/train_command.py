@@ -244,6 +244,7 @@ def train_command(
         overrides = flag_overrides(flags)
     except ConfigError as exc:
         raise _fail(str(exc)) from None
+    recorded: Path | None = None  # the run's own config.toml, when --resume reads it
     if resume and overwrite:
         raise _fail("--resume and --overwrite exclude each other")
     if out is not None and out.exists() and not out.is_dir():
@@ -252,14 +253,15 @@ def train_command(
         if out is None:
             raise _fail("--resume needs --out RUN_DIR")
         if config is None:
-            config = out / "config.toml"
+            config = recorded = out / "config.toml"
             if not config.is_file():
                 raise _fail(
                     f"--resume: {out} holds no run to continue ({config} does not exist); drop "
                     "--resume to start a new run there"
                 )
     try:
-        cfg = build_config(config, overrides)
+        # the run's own config.toml read as its record (keys removed since are dropped)
+        cfg = build_config(config, overrides, recorded=config is recorded)
     except ConfigError as exc:
         raise _fail(str(exc)) from None
     run_dir = out or Path("runs") / f"{cfg.task}-{cfg.loss}-{cfg.replay.kind}-s{cfg.seed}"

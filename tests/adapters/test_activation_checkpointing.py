@@ -57,9 +57,10 @@ def _rescoring_gradients(lora: int, checkpointing: bool) -> tuple[dict[str, torc
     """Gradients of a loss of the teacher-forced log-probs, and the bytes of activations the
     forward pass kept for backward (what checkpointing saves; weights are not counted)."""
     policy = _policy(_llama(lora))
-    # a checkpointed rescoring takes the model's own forward (HFPolicy.shared_prompts applies to
-    # a forward that is not checkpointed): the plain one takes it too, so only checkpointing differs
-    policy.shared_prompts = False
+    # a checkpointed rescoring takes the model's own forward (adapters/lm/paths.py): the plain one
+    # takes it too, as a sharded model's (step_together set; one process here), so only
+    # checkpointing differs
+    policy.step_together = lambda done: done
     if checkpointing:
         policy.enable_activation_checkpointing()
     tokens, length = _trajectories(policy)

@@ -6,7 +6,7 @@ The rescoring's log-probabilities and every parameter's gradient are held to tra
 lean forward), then the log-softmax, differentiated by torch's autograd: random model shapes (1-2
 blocks, 1-3 heads, every activation the module computes, the head tied or not), every parameter
 moved off its initialisation, random prompts, rows, tokens and temperatures. Through the policy,
-the switch is held to torch's path (``HFPolicy.compiled_rescoring``).
+tests/adapters/test_one_path.py holds it to the same reference.
 """
 
 from __future__ import annotations
@@ -136,54 +136,6 @@ def test_two_forwards_before_their_backwards_keep_their_own_activations() -> Non
     assert torch.allclose(got_first, expected[0], rtol=0, atol=1e-6)
     assert torch.allclose(got_second, expected[1], rtol=0, atol=1e-6)
     assert not torch.allclose(expected[0], expected[1], atol=1e-3)
-
-
-def test_the_policy_scores_the_same_with_either_path() -> None:
-    """``HFPolicy.compiled_rescoring`` on and off: the same log-probabilities and gradients on the
-    embedded model (rows with copies and stops at every length), and the compiled path is the one
-    taken when on."""
-    from raptb.adapters.lm.models import load_model_and_tokenizer
-    from raptb.adapters.lm.policy import HFPolicy
-    from raptb.adapters.lm.tokens import legal_token_ids, stop_token_id
-
-    model, tokenizer = load_model_and_tokenizer("tiny", seed=2)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(0.05 * torch.randn(param.shape, generator=torch.Generator().manual_seed(2)))
-    stop = stop_token_id(tokenizer)
-    legal = legal_token_ids(tokenizer, "123456789+-*/()", stop_id=stop)
-    policy = HFPolicy(model, tokenizer, legal_ids=legal, stop_id=stop)
-    rng = np.random.default_rng(2)
-    tokens = torch.tensor(legal)[torch.from_numpy(rng.integers(0, len(legal), size=(12, 7)))]
-    tokens[6:] = tokens[:6]  # copies
-    length = torch.from_numpy(rng.integers(0, 8, size=12))
-    calls = []
-    original = compiled_rescoring.log_probs
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    results = {}
-    for on in (True, False):
-        policy.compiled_rescoring = on
-        model.zero_grad(set_to_none=True)
-        compiled_rescoring.log_probs = spy
-        try:
-            log_pf, log_pterm = policy.score("Expr24:", tokens, length)
-        finally:
-            compiled_rescoring.log_probs = original
-        (log_pf.sum() + 0.3 * log_pterm.sum()).backward()
-        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-        results[on] = (log_pf.detach(), log_pterm.detach(), grads)
-        assert bool(calls) is on
-        calls.clear()
-    (pf_on, pt_on, g_on), (pf_off, pt_off, g_off) = results[True], results[False]
-    assert torch.allclose(pf_on, pf_off, rtol=0, atol=1e-5)
-    assert torch.allclose(pt_on, pt_off, rtol=0, atol=1e-5)
-    for name, expected in g_off.items():
-        scale = float(expected.abs().max())
-        assert torch.allclose(g_on[name], expected, rtol=0, atol=1e-4 * scale), name
 
 
 def test_models_it_does_not_compute_are_left_to_torch() -> None:

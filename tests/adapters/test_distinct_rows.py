@@ -1,19 +1,22 @@
 """A scoring forward over the distinct rows only (``adapters.lm.distinct_rows``): the grouping
-against a plain Python reference on random batches full of copies, and ``HFPolicy.score`` with the
-copies merged against the same call with every row computed, its values and every parameter's
-gradient, on the lean GPT-2 path and on transformers' forward, one prompt and per-row prompts;
-and no merging where the forward is random (dropout in training mode)."""
+against a plain Python reference on random batches full of copies, and ``HFPolicy.score`` (and
+with hidden states or per-state values) with the copies merged against every row's own forward by
+transformers (the reference), its values and every parameter's gradient, on the lean GPT-2 path
+and on transformers' forward, one prompt and per-row prompts; no merging where the forward is
+random (dropout in training mode); the main job's steps merge copies."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from raptb.adapters.lm import rescoring
 from raptb.adapters.lm.distinct_rows import distinct_rows, stochastic_forward
+from raptb.adapters.lm.rollout_record import softmax_entropy
+from raptb.adapters.lm.row_prompts import row_prompt_ids
+from tests.adapters.reference_scores import reference_scores
 from tests.adapters.test_lean_gpt2 import _model_path
 from tests.adapters.test_policy import make_policy
 
@@ -104,14 +107,36 @@ def assert_grads_close(got: list[torch.Tensor], want: list[torch.Tensor]) -> Non
         torch.testing.assert_close(g, w, atol=1e-5 * float(w.abs().max()), rtol=0)
 
 
-def score_and_grads(policy, merge: bool, call) -> tuple[tuple[torch.Tensor, ...], list]:
-    policy.merge_copies = merge
+def score_and_grads(policy, call) -> tuple[tuple[torch.Tensor, ...], list]:
     policy.model.zero_grad(set_to_none=True)
     outputs = call()
     weights = torch.linspace(0.5, 2.0, outputs[0].shape[0])  # copies weigh differently
     sum((out * weights.reshape(-1, *[1] * (out.ndim - 1))).sum() for out in outputs).backward()
     grads = [p.grad.clone() for p in policy.model.parameters()]
     return tuple(out.detach() for out in outputs), grads
+
+
+def every_row(policy, prompt, tokens, length, per_state=None, hidden=False):
+    """The reference: each row's own forward of its prompt and its T tokens (the stop id after its
+    length), with ``output_hidden_states``; log-probs, then the hidden states or ``per_state`` of
+    the logits, 0 after the row's stop (as ``score_with_*`` return them)."""
+    n, big_t = tokens.shape
+    rows = row_prompt_ids(policy.prompt_ids, prompt, n)
+    log_pf, log_pterm = reference_scores(policy.model, rows, tokens, length, policy.stop_id)
+    if per_state is None and not hidden:
+        return log_pf, log_pterm
+    extra = []
+    for row, body, tau in zip(rows, tokens, length.tolist(), strict=True):
+        body = torch.where(torch.arange(big_t) < tau, body, policy.stop_id)
+        out = policy.model(
+            input_ids=torch.cat([torch.tensor(row), body])[None], output_hidden_states=True
+        )
+        if hidden:
+            extra.append(out.hidden_states[-1][0])
+        else:
+            values = per_state(out.logits[:, len(row) - 1 :])[0]
+            extra.append(torch.where(torch.arange(big_t + 1) <= tau, values, 0.0))
+    return log_pf, log_pterm, torch.stack(extra)
 
 
 @pytest.mark.parametrize("path", ["lean", "model"])
@@ -122,13 +147,10 @@ def test_merged_score_equals_every_row_computed(path, per_row_prompts, monkeypat
         _model_path(policy, monkeypatch)
     tokens, length, pick = copies_batch(policy, seed=7)
     prompt = [("24:", "Make 24:")[i % 2] for i in pick] if per_row_prompts else "24:"
-    forwards = rows_per_forward(policy, monkeypatch)
-    merged, merged_grads = score_and_grads(
-        policy, True, lambda: policy.score(prompt, tokens, length)
-    )
-    rows_merged = forwards.copy()
-    full, full_grads = score_and_grads(policy, False, lambda: policy.score(prompt, tokens, length))
-    assert rows_merged == [5] and forwards == [5, 12]  # the merged forward saw the 5 distinct rows
+    forwards = rows_per_forward(monkeypatch)
+    merged, merged_grads = score_and_grads(policy, lambda: policy.score(prompt, tokens, length))
+    assert forwards == [5]  # the forward saw the 5 distinct rows
+    full, full_grads = score_and_grads(policy, lambda: every_row(policy, prompt, tokens, length))
     for got, want in zip(merged, full, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert_grads_close(merged_grads, full_grads)
@@ -138,27 +160,33 @@ def test_hidden_states_and_per_state_values_are_gathered_too() -> None:
     policy = make_policy(seed=3, logit_scale=4.0)
     tokens, length, _ = copies_batch(policy, seed=8)
     calls = {
-        "hidden": lambda: policy.score_with_hidden("24:", tokens, length),
-        "entropy": lambda: policy.score_with_entropy("24:", tokens, length),
+        "hidden": (
+            lambda: policy.score_with_hidden("24:", tokens, length),
+            lambda: every_row(policy, "24:", tokens, length, hidden=True),
+        ),
+        "entropy": (
+            lambda: policy.score_with_entropy("24:", tokens, length),
+            lambda: every_row(policy, "24:", tokens, length, per_state=softmax_entropy),
+        ),
     }
-    for call in calls.values():
-        merged, merged_grads = score_and_grads(policy, True, call)
-        full, full_grads = score_and_grads(policy, False, call)
+    for call, reference in calls.values():
+        merged, merged_grads = score_and_grads(policy, call)
+        full, full_grads = score_and_grads(policy, reference)
         for got, want in zip(merged, full, strict=True):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         assert_grads_close(merged_grads, full_grads)
 
 
-def rows_per_forward(policy, monkeypatch) -> list[int]:
-    """The rows of each scoring forward ``policy`` runs from now on (appended as they run)."""
+def rows_per_forward(monkeypatch) -> list[int]:
+    """The rows of each scoring forward from now on (appended as they run)."""
     forwards: list[int] = []
-    rows_log_probs = policy._rows_log_probs
+    rows_log_probs = rescoring.rows_log_probs
 
-    def counted(model, prompt, rows, body, *args):
+    def counted(policy, model, prompt, rows, body, *args):
         forwards.append(body.shape[0])
-        return rows_log_probs(model, prompt, rows, body, *args)
+        return rows_log_probs(policy, model, prompt, rows, body, *args)
 
-    monkeypatch.setattr(policy, "_rows_log_probs", counted)
+    monkeypatch.setattr(rescoring, "rows_log_probs", counted)
     return forwards
 
 
@@ -172,7 +200,7 @@ def test_a_random_forward_is_not_merged(monkeypatch) -> None:
     model.config.attention_dropout = 0.2  # transformers' functional attention dropout
     assert stochastic_forward(model.train())
     tokens, length, _ = copies_batch(policy, seed=9)
-    forwards = rows_per_forward(policy, monkeypatch)
+    forwards = rows_per_forward(monkeypatch)
     policy.score("24:", tokens, length)
     model.eval()
     with torch.no_grad():
@@ -180,36 +208,22 @@ def test_a_random_forward_is_not_merged(monkeypatch) -> None:
     assert forwards == [12, 5]  # every row in training mode, the distinct in eval
 
 
-def test_a_run_with_the_copies_merged_trains_like_one_without(tmp_path, monkeypatch) -> None:
-    """``optim.merge_copies`` reaches the trainer's policy, and the main job's first steps (copies
-    in every step: the rollout repeats itself) log the same records up to float rounding."""
-    from raptb.adapters.lm import policy as policy_module
+def test_the_main_jobs_steps_merge_copies(tmp_path, monkeypatch) -> None:
+    """The main job's steps score copies once (the rollout repeats itself): in every step's
+    rescoring some rows are copies."""
     from raptb.app.configuration.config import build_config
     from raptb.app.training.train import Trainer
 
     merged_rows: list[int] = []
-    find = policy_module.distinct_rows
+    find = rescoring.distinct_rows
 
     def counted(prompts, body, length):
         found = find(prompts, body, length)
-        merged_rows.append(0 if found is None else body.shape[0] - len(found.first))
+        if torch.is_grad_enabled():  # the rescoring, not the reference pass
+            merged_rows.append(0 if found is None else body.shape[0] - len(found.first))
         return found
 
-    monkeypatch.setattr(policy_module, "distinct_rows", counted)
-    records = {}
-    for merge in (True, False):
-        overrides = {"task": "expr24", "loss": "raptb", "replay.kind": "subm", "seed": 3}
-        config = build_config(overrides=overrides | {"steps": 12, "optim.merge_copies": merge})
-        trainer = Trainer(config, tmp_path / str(merge), progress=False)
-        assert trainer.policy.merge_copies is merge
-        trainer.train()
-        lines = (tmp_path / str(merge) / "metrics.jsonl").read_text().splitlines()
-        records[merge] = [json.loads(line) for line in lines]
-        if merge:
-            assert len(merged_rows) == 12 and min(merged_rows) > 0  # every step had copies
-    assert len(records[True]) == len(records[False]) == 12
-    for merged, every in zip(records[True], records[False], strict=True):
-        assert merged.keys() == every.keys()
-        for key, value in every.items():
-            if key != "seconds":  # wall time
-                assert merged[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    monkeypatch.setattr(rescoring, "distinct_rows", counted)
+    overrides = {"task": "expr24", "loss": "raptb", "replay.kind": "subm", "seed": 3}
+    Trainer(build_config(overrides=overrides | {"steps": 4}), tmp_path, progress=False).train()
+    assert len(merged_rows) == 4 and min(merged_rows) > 0

@@ -90,9 +90,10 @@ def test_it_refuses_what_it_does_not_compute() -> None:
         prompt_attention(torch.zeros(6, 6), 1, 2, 1, 1.0)
 
 
-def test_the_rescoring_takes_it_with_gradients_and_computes_the_same(monkeypatch) -> None:
+def test_the_rescoring_takes_it_with_gradients_and_computes_the_models_own(monkeypatch) -> None:
     """``shared_prompt_logits`` with gradients on a CPU runs its attention by ``prompt_attention``
-    (``by_tokens``, default), else by SDPA: the same logits and parameter gradients."""
+    (without gradients, by SDPA): the logits and parameter gradients of transformers' own forward
+    of each row's prompt and tokens."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
@@ -108,13 +109,19 @@ def test_the_rescoring_takes_it_with_gradients_and_computes_the_same(monkeypatch
     )
     body = torch.randint(0, 13, (6, 5))
     weights = torch.randn(6, 6, 13)
+    prompt = torch.tensor([1, 2, 3])
     results = []
-    for by_tokens in (True, False):
+    for lean in (True, False):
         model.zero_grad()
-        logits = lean_gpt2.shared_prompt_logits(model, [1, 2, 3], body, by_tokens=by_tokens)
+        if lean:
+            logits = lean_gpt2.shared_prompt_logits(model, prompt.tolist(), body)
+        else:  # the reference: each row alone through the model's forward
+            logits = torch.stack(
+                [model(input_ids=torch.cat([prompt, row])[None]).logits[0, 2:] for row in body]
+            )
         (logits * weights).sum().backward()
         results.append((logits.detach(), [p.grad.clone() for p in model.parameters()]))
-    assert calls == [(3, 6, 3, (24 // 3) ** -0.5)] * 2  # two blocks, with by_tokens only
+    assert calls == [(3, 6, 3, (24 // 3) ** -0.5)] * 2  # two blocks, in the lean forward only
     (got, grads), (want, grads_ref) = results
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     for mine, ref in zip(grads, grads_ref, strict=True):

@@ -110,10 +110,6 @@ EQUIVALENCE = {
     "steps": 1,
     "threads": 1,
     "checkpoint_every": 1,
-    # the rescoring through torch on every world size: a rank of a sharded or wrapped model takes
-    # torch's path, and the comparison is of the gradients' averaging over ranks, not of two
-    # kernels' rounding (the compiled one is held to torch's in test_compiled_rescoring.py)
-    "optim.compiled_rescoring": False,
 }
 
 

@@ -247,12 +247,7 @@ def test_shipped_studies_plan(study):
         "horizon_5000_g2rpo.toml": {0, 1, 2, 3, 4},
         "horizon_5000_ips_flowrl.toml": {0, 1, 2, 3, 4},
         "horizon_10000_capacity.toml": {0, 1, 2, 3, 4},
-        "merge_copies.toml": {20, 21, 22, 23, 24},
-        "fused_update.toml": {25, 26, 27, 28, 29},
-        "tanh_gelu.toml": {30, 31, 32, 33, 34},
-        "prompt_attention.toml": {35, 36, 37, 38, 39},
         "compiled_rollout.toml": {40, 41, 42, 43, 44},
-        "compiled_rescoring.toml": {45, 46, 47, 48, 49},
         "pretrained_smiles.toml": {0, 1},
     }.get(study.name)
     assert {r.seed for r in runs} == set(spec.seeds) == (want or {0, 1, 2})

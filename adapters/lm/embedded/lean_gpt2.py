@@ -31,9 +31,10 @@ Three uses, each where a forward over one shared prompt would repeat it for ever
   rescoring forward of 97 rows: 5.8 against 6.3 ms on one CPU core; its backward the same).
 
 The tanh GELU of a forward with gradients on a CPU is ``tanh_gelu``'s (the same function, its
-derivative kept from the forward: 2-3% of the main job's step), unless ``kept_slope`` is False;
-the attention of ``shared_prompt_logits`` with gradients on a CPU is ``prompt_attention``'s (the
-same function as loops over the tokens: 10-19% of the step), unless ``by_tokens`` is False.
+derivative kept from the forward: 2-3% of the main job's step); the attention of
+``shared_prompt_logits`` with gradients on a CPU in float32 is ``prompt_attention``'s (the same
+function as loops over the tokens: 10-19% of the step). Without gradients, or on a GPU, torch's
+GELU and scaled-dot-product attention run: one path per device and mode.
 
 ``supports(model)`` says when it applies: a ``GPT2LMHeadModel`` (not wrapped by peft) of
 self-attention blocks without dropout (so training and evaluation modes compute the same),
@@ -95,13 +96,12 @@ def _layer_norm(norm: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
     return F.layer_norm(h, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
 
-def _mlp(block: torch.nn.Module, h: torch.Tensor, kept_slope: bool) -> torch.Tensor:
-    """The block's second residual branch: c_proj(act(c_fc(ln_2(h)))); ``kept_slope``: the
-    activation by ``tanh_gelu`` where it ``applies``."""
+def _mlp(block: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """The block's second residual branch: c_proj(act(c_fc(ln_2(h)))), the activation by
+    ``tanh_gelu`` where it ``applies``."""
     mlp = block.mlp
     inner = _conv1d(mlp.c_fc, _layer_norm(block.ln_2, h))
-    fast = kept_slope and applies(mlp.act, inner)
-    return _conv1d(mlp.c_proj, tanh_gelu(inner) if fast else mlp.act(inner))
+    return _conv1d(mlp.c_proj, tanh_gelu(inner) if applies(mlp.act, inner) else mlp.act(inner))
 
 
 def forward(
@@ -110,13 +110,12 @@ def forward(
     positions: torch.Tensor,
     past: KeyValues | None = None,
     key_mask: torch.Tensor | None = None,
-    kept_slope: bool = True,
 ) -> tuple[torch.Tensor, KeyValues]:
     """Logits [B, S, V] of tokens ``ids`` [B, S] at ``positions`` [B, S] after the ``past``
     columns (whose keys and values may be broadcast over B), and the keys and values of all
     columns. ``key_mask``: bool [B, P + S], False on columns no query may see (pads); None: all
-    visible. Causality within the call is always applied. ``kept_slope``: the tanh GELU by
-    ``tanh_gelu`` where it applies (with gradients, on a CPU; module docstring)."""
+    visible. Causality within the call is always applied. The tanh GELU by ``tanh_gelu`` where
+    it applies (with gradients, on a CPU; module docstring)."""
     transformer = model.transformer
     config = model.config
     heads = config.n_head
@@ -147,7 +146,7 @@ def forward(
         present.append((k, v))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         h = h + _conv1d(attention.c_proj, y.transpose(1, 2).reshape(batch, width, -1))
-        h = h + _mlp(block, h, kept_slope)
+        h = h + _mlp(block, h)
     return F.linear(_layer_norm(transformer.ln_f, h), model.lm_head.weight), present
 
 
@@ -156,7 +155,6 @@ def prompt_logits_and_past(
     prompt_ids: Sequence[Sequence[int]],
     pad_id: int,
     device: torch.device,
-    kept_slope: bool = True,
 ) -> PromptState:
     """The prompts of B rows: the logits [B, V] at each row's last prompt token (the first
     action's), the keys and values of the prompt columns, each row's next position [B, 1], and the
@@ -164,13 +162,13 @@ def prompt_logits_and_past(
 
     Rows with one shared prompt compute it once (1 row, broadcast: the logits are an expanded
     view, the keys and values [1, H, P, D]); otherwise they are left-padded to the longest
-    (``raptb.adapters.lm.row_prompts.left_padded``). ``kept_slope``: as ``forward``'s."""
+    (``raptb.adapters.lm.row_prompts.left_padded``)."""
     batch = len(prompt_ids)
     shared = all(row == prompt_ids[0] for row in prompt_ids)
     ids, mask, positions = left_padded(prompt_ids[:1] if shared else prompt_ids, pad_id, device)
     padded = not shared and not bool(mask.all())
     key_mask = mask.bool() if padded else None
-    logits, past = forward(model, ids, positions, key_mask=key_mask, kept_slope=kept_slope)
+    logits, past = forward(model, ids, positions, key_mask=key_mask)
     last = logits[:, -1, :]
     following = positions[:, -1:] + 1
     if shared:
@@ -208,14 +206,12 @@ def shared_prompt_logits(
     model: torch.nn.Module,
     prompt_ids: Sequence[int],
     body: torch.Tensor,
-    kept_slope: bool = True,
-    by_tokens: bool = True,
 ) -> torch.Tensor:
     """Logits [B, T + 1, V] of B rows that share the prompt ``prompt_ids`` (P ids, positions 0..P-1)
     followed by each row's tokens ``body`` [B, T] (positions P..P+T-1): column 0 after the prompt
     (the first action's, the same for every row), column t + 1 after the row's t + 1 tokens.
-    ``kept_slope``: as ``forward``'s. ``by_tokens``: with gradients on a CPU in float32, the
-    attention by ``prompt_attention`` (the same function, Numba loops over the tokens)."""
+    With gradients on a CPU in float32, the attention by ``prompt_attention`` (the same function,
+    Numba loops over the tokens), else by torch's SDPA."""
     transformer = model.transformer
     config = model.config
     heads = config.n_head
@@ -229,7 +225,7 @@ def shared_prompt_logits(
     steps = torch.arange(seen + width, device=device)
     positions = torch.cat([steps[:seen], steps[seen:].repeat(batch)])
     h = transformer.wte(ids) + transformer.wpe(positions)
-    tokens = by_tokens and h.requires_grad and h.dtype == torch.float32 and h.device.type == "cpu"
+    tokens = h.requires_grad and h.dtype == torch.float32 and h.device.type == "cpu"
     # else: a row's query t sees the prompt and its own tokens up to t
     mask = None if tokens else (steps[seen:, None] >= steps[None, :])[None, None]
     for block in transformer.h:
@@ -243,7 +239,7 @@ def shared_prompt_logits(
         else:
             y = _split_attention(attention, x, seen, batch, heads, scale, mask)
             h = h + _conv1d(attention.c_proj, y)
-        h = h + _mlp(block, h, kept_slope)
+        h = h + _mlp(block, h)
     # only the prompt's last token and the rows' tokens are read out
     h = _layer_norm(transformer.ln_f, h[seen - 1 :])
     logits = F.linear(h, model.lm_head.weight)
