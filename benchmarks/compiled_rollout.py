@@ -17,7 +17,8 @@ with an automaton, the default for Expr24), ``onnx-graph`` its ONNX Runtime ``ro
 
 The policy is the one ``raptb train`` builds for ``--task`` with the embedded model
 (``rollout.build``). For each number of rows the two sides alternate, one rollout each per repeat
-from the same generator seed, so both see the same machine load; the first ``WARMUP`` repeats
+from the same generator seed (each side's function called as ``sample_rollout`` calls it, under
+``torch.no_grad``), so both see the same machine load; the first ``WARMUP`` repeats
 (compilation, ONNX Runtime's sessions) are not timed. Printed: the median ms per rollout of each,
 the ratio old / new, and whether the two drew the same rows (the largest log-probability
 difference).
@@ -37,6 +38,7 @@ from pathlib import Path
 import torch
 from rollout import build
 
+from raptb.adapters.lm.embedded.compiled_rollout import compiled_rollout
 from raptb.adapters.lm.rollout import Rollout
 
 OLD_MODULES = ("onnx_builder", "onnx_graph", "compiled_gpt2", "compiled_rollout", "onnx_rollout")
@@ -93,9 +95,7 @@ def main() -> None:
     prompt = task.prompts()[0]
     lengths = (task.min_length, task.max_length)
     sides = {
-        "new": lambda n, g: policy.sample(
-            prompt, n, min_length=lengths[0], max_length=lengths[1], generator=g
-        ),
+        "new": lambda n, g: compiled_rollout(policy, prompt, n, *lengths, 1.0, g),
         "old": lambda n, g: old(policy, prompt, n, *lengths, 1.0, g),
     }
     grammar = type(policy.grammar_batch(1)).__name__ if policy.grammar else "none"
@@ -113,7 +113,8 @@ def main() -> None:
             for name, side in sides.items():
                 generator = torch.Generator().manual_seed(repeat)
                 start = time.perf_counter()
-                last[name] = side(rows, generator)
+                with torch.no_grad():
+                    last[name] = side(rows, generator)
                 if repeat >= WARMUP:
                     seconds[name].append(time.perf_counter() - start)
             if repeat >= WARMUP:

@@ -35,6 +35,7 @@ from raptb.app.configuration import buffer_defaults
 from raptb.app.configuration.loss_defaults import own_defaults
 from raptb.app.configuration.losses import Loss, loss_entry, loss_names
 from raptb.app.configuration.report_to import check_report_to
+from raptb.app.configuration.retired_keys import without_retired
 from raptb.app.configuration.rl import RLConfig
 from raptb.app.configuration.sections import (
     DistributedConfig,
@@ -340,8 +341,9 @@ def build_config(
     neither the file nor the overrides set, and under them the loss's and the replay buffer's
     own defaults. A ``[replay]`` option the file or the overrides set that the buffer kind does
     not read is a ConfigError; with ``recorded`` (``file`` is a run's own config.toml, whose
-    buffer read none of them; older ones list every kind's options) it is dropped instead. The
-    run's task section is filled with the task's option defaults, so that config.toml records
+    buffer read none of them; older ones list every kind's options) it is dropped instead, as
+    are keys raptb no longer reads (``retired_keys``: a ConfigError otherwise). The run's task
+    section is filled with the task's option defaults, so that config.toml records
     what the task was built with.
     """
     data: dict[str, Any] = {}
@@ -359,6 +361,10 @@ def build_config(
         for part in reversed(key.split(".")):
             nested = {part: nested}
         data = _merge(data, nested)
+    try:
+        data = without_retired(data, recorded=recorded)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     chosen_split = {"batch_size", "grad_accum"} & set(data.get("optim", {}))
     replay = data.get("replay")
     if recorded and isinstance(replay, dict) and "kind" in replay:

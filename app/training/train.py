@@ -170,7 +170,6 @@ class Trainer:
         self.policy.merge_copies = config.optim.merge_copies
         self.policy.tanh_gelu = config.optim.tanh_gelu
         self.policy.prompt_attention = config.optim.prompt_attention
-        self.policy.compiled_rollout = config.optim.compiled_rollout
         self.policy.compiled_rescoring = config.optim.compiled_rescoring
         sharding = self.dist.sharding
         if config.optim.gradient_checkpointing or (sharding and sharding.activation_checkpointing):

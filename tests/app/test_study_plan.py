@@ -251,7 +251,6 @@ def test_shipped_studies_plan(study):
         "fused_update.toml": {25, 26, 27, 28, 29},
         "tanh_gelu.toml": {30, 31, 32, 33, 34},
         "prompt_attention.toml": {35, 36, 37, 38, 39},
-        "compiled_rollout.toml": {40, 41, 42, 43, 44},
         "compiled_rescoring.toml": {45, 46, 47, 48, 49},
         "pretrained_smiles.toml": {0, 1},
     }.get(study.name)

@@ -517,28 +517,3 @@ def test_the_compiled_rescoring_trains_like_torchs_autograd(tmp_path: Path, monk
         assert (len(calls) >= 12) is on  # a rescoring a step at least
         runs[on] = (records, weights)
     _same_up_to_rounding(runs[True], runs[False])
-
-
-def test_the_compiled_rollout_trains_like_onnx_runtimes_graph(tmp_path: Path, monkeypatch) -> None:
-    """``optim.compiled_rollout`` reaches the policy (its one-call rollouts by
-    adapters/lm/embedded/compiled_rollout.py, else by ONNX Runtime's graph), and the main job's
-    first steps log the same records up to float rounding: the two draw the same rows, and the
-    rescoring, not the rollout's log-probabilities, makes the loss."""
-    from raptb.adapters.lm.embedded import compiled_rollout
-
-    calls = []
-    run = compiled_rollout.run
-    monkeypatch.setattr(compiled_rollout, "run", lambda *args: calls.append(1) or run(*args))
-    runs = {}
-    for on in (True, False):
-        calls.clear()
-        trainer, records, weights = _twelve_steps(tmp_path, "optim.compiled_rollout", on)
-        assert trainer.policy.compiled_rollout is on
-        assert (len(calls) >= 12) is on  # a rollout a step at least
-        runs[on] = (records, weights)
-    (records_on, weights_on), (records_off, weights_off) = runs[True], runs[False]
-    assert torch.allclose(weights_on, weights_off, rtol=0, atol=1e-5)
-    for mine, theirs in zip(records_on, records_off, strict=True):
-        for key, value in theirs.items():
-            if key != "seconds":  # wall time
-                assert mine[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key

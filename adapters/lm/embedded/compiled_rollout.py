@@ -107,8 +107,7 @@ def compiled_rollout(
     else:
         used = _one_call(arrays, grammar, out, source)
         model_s, grammar_s = time.perf_counter() - start, 0.0
-    if not np.isfinite(out[3][out[4]]).all():  # as torch.multinomial refuses such a distribution
-        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    _check_finite(out)
     last_stop = np.zeros(n, np.float32)
     if used == big_t:
         last_stops(logits, policy.stop_id, out[6], last_stop)
@@ -170,6 +169,7 @@ def _host_columns(
         m = column(weights, cache, work, rollout, k, mask, noise.numpy(), out)
         model_s += time.perf_counter() - tic
         used = k + 1
+        _check_finite(out, k)
         if m == 0:
             break
         rows = np.flatnonzero(moved[k])
@@ -179,6 +179,16 @@ def _host_columns(
         if not all(accepted):
             raise RuntimeError("grammar matcher rejected a token its own mask allowed")
     return used, model_s, grammar_s
+
+
+def _check_finite(out: tuple, column: int | None = None) -> None:
+    """RuntimeError, as torch.multinomial's, where an active row's log-normaliser is not finite
+    (in ``column``, or in any)."""
+    log_norm, was_active = out[3], out[4]
+    if column is not None:
+        log_norm, was_active = log_norm[column], was_active[column]
+    if not np.isfinite(log_norm[was_active]).all():
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
 
 
 def _one_call(
@@ -221,8 +231,10 @@ def _recorded(
     log_pf = np.where(moves, token_lp, 0.0).T.astype(np.float32)
     log_pterm = np.zeros((n, big_t + 1), dtype=np.float32)
     log_pterm[:, :big_t] = np.where(active, stop_lp, 0.0).T
-    stopped = (active & ~moves)[:used].T  # [n, used]: the column where each row stopped
-    length = np.where(stopped.any(axis=1), stopped.argmax(axis=1), big_t)
+    length = np.full(n, big_t, dtype=np.int64)
+    if used:  # (T = 0: no column drawn)
+        stopped = (active & ~moves)[:used].T  # [n, used]: the column where each row stopped
+        length = np.where(stopped.any(axis=1), stopped.argmax(axis=1), big_t)
     if used == big_t:
         log_pterm[:, big_t] = np.where(last_active, last_stop, 0.0)
     model_s, grammar_s, start = times
