@@ -16,12 +16,12 @@ whole-rollout Numba loop over the ONNX graph's feeds (``decode = "onnx"`` withou
 with an automaton, the default for Expr24), ``onnx-graph`` its ONNX Runtime ``rollout`` graph.
 
 The policy is the one ``raptb train`` builds for ``--task`` with the embedded model
-(``rollout.build``). For each number of rows the two sides alternate, one rollout each per repeat
-from the same generator seed (each side's function called as ``sample_rollout`` calls it, under
-``torch.no_grad``), so both see the same machine load; the first ``WARMUP`` repeats
-(compilation, ONNX Runtime's sessions) are not timed. Printed: the median ms per rollout of each,
-the ratio old / new, and whether the two drew the same rows (the largest log-probability
-difference).
+(``rollout.build``). For each number of rows the two sides alternate (the first of the two
+swapping each repeat), one rollout each per repeat from the same generator seed, each side's
+function called as ``sample_rollout`` calls it (under ``torch.no_grad``), so both see the same
+machine load; the first ``WARMUP`` repeats (compilation, ONNX Runtime's sessions) are not timed.
+Printed: the median ms per rollout of each, the ratio old / new, and whether the two drew the
+same rows (the largest log-probability difference).
 """
 
 from __future__ import annotations
@@ -110,7 +110,8 @@ def main() -> None:
         same, worst = 0, 0.0
         for repeat in range(args.repeats + WARMUP):
             last: dict[str, Rollout] = {}
-            for name, side in sides.items():
+            order = list(sides.items())
+            for name, side in order if repeat % 2 else order[::-1]:
                 generator = torch.Generator().manual_seed(repeat)
                 start = time.perf_counter()
                 with torch.no_grad():
