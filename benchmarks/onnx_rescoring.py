@@ -5,7 +5,8 @@ The main job's rescoring (``lean_gpt2.shared_prompt_logits`` then
 two ONNX graphs built from the model's configuration, with the gradient written out by hand, run
 by a ``torch.autograd.Function`` (forward graph in ``forward``, keeping the activations it returns;
 backward graph in ``backward``, handing torch each parameter's gradient). The rollout's column
-took 1.3-1.4x less time this way (adapters/lm/embedded/onnx_rollout.py); this script measures
+took 1.3-1.4x less time this way (adapters/lm/embedded/onnx_rollout.py at b9cd778, since replaced
+by the compiled rollout); this script measures
 whether the rescoring does too, against torch's autograd on the same rows (benchmarks/step_speed.md,
 "The rescoring in ONNX Runtime").
 
@@ -57,16 +58,15 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from raptb.adapters.lm.embedded.onnx_builder import (
+from onnx_builder import (
     ACTIVATIONS,
     GraphBuilder,
     ModelShape,
     activation,
+    session,
     weight_names,
     weight_shapes,
 )
-from raptb.adapters.lm.embedded.onnx_rollout import session
 
 BIG = np.array([2**62], np.int64)
 """A slice's open end."""

@@ -33,20 +33,18 @@ one thread. ``ab`` runs the worker for the
 checkout at ``--base-root`` (its own interpreter, so its own install) and for this one,
 alternating round by round, each in a fresh process, and prints a Markdown table of steps/s and
 the ratio per thread setting and the stage medians of both sides. ``decode`` times one trainer
-with the rollout's path each column in one ONNX Runtime call (``HFPolicy.decode`` "onnx",
-adapters/lm/embedded/onnx_rollout.py, the default on the CPU) and torch's operations ("eager"),
-alternating step by step for ``--steps`` steps each in one process, at each step of ``--phases``
-(the training carried on between phases), with the rollout's own median milliseconds (its
-``RolloutTimings``) beside the step's; ``--loss`` another loss than the main job's RapTB (a
-GFlowNet loss with SubM, an RL one as its defaults have it), ``--task`` another task than Expr24.
-``grammar``, ``one-call``, ``adamw`` and ``rollout`` alternate two settings of the same kind in
-one trainer (the rollout's masks from the task's automaton or from xgrammar; the rollout in one
-ONNX Runtime call or a call per column; AdamW's fused or foreach update; the one-call rollout by
-``adapters/lm/embedded/compiled_rollout.py`` or by ONNX Runtime's graph); ``threads`` the same for
-two torch threads against one. (The modes ``copies``, ``gelu``, ``attention`` and ``rescoring``
-timed switches that are gone, each path now the only one: their tables in
-benchmarks/step_speed.md name the commits that measured them.) ``sizes`` times one rollout
-through ONNX and eagerly for GPT-2 models of growing size (``SIZES``), the two alternating
+with the compiled rollout (``HFPolicy.decode`` "compiled", adapters/lm/embedded/compiled_rollout.py,
+the default on the CPU) and torch's operations ("eager"), alternating step by step for ``--steps``
+steps each in one process, at each step of ``--phases`` (the training carried on between phases),
+with the rollout's own median milliseconds (its ``RolloutTimings``) beside the step's; ``--loss``
+another loss than the main job's RapTB (a GFlowNet loss with SubM, an RL one as its defaults have
+it), ``--task`` another task than Expr24. ``grammar`` and ``adamw`` alternate two settings of the
+same kind in one trainer (the rollout's masks from the task's automaton or from xgrammar; AdamW's
+fused or foreach update); ``threads`` the same for two torch threads against one. (The modes
+``copies``, ``gelu``, ``attention``, ``rescoring``, ``one-call`` and ``rollout`` timed switches
+that are gone, each path now the only one: their tables in benchmarks/step_speed.md name the
+commits that measured them.) ``sizes`` times one rollout compiled and eagerly for GPT-2 models of
+growing size (``SIZES``), the two alternating
 ``--rounds`` times.
 ``interleave`` is ``ab`` without the fresh processes: one worker process per side (``serve``)
 builds its trainer and takes ``--warmup`` steps, then the two take turns at ``--block`` steps for
@@ -457,13 +455,13 @@ def _rollout_sides(
 
 
 def decode(args: argparse.Namespace) -> None:
-    """The rollout through ONNX Runtime against torch's eager loop, alternating in one trainer."""
+    """The compiled rollout against torch's eager loop, alternating in one trainer."""
     trainer = _loss_trainer(args)
 
     def choose(side: str) -> None:
         trainer.policy.decode = side
 
-    _rollout_sides(args, trainer, ("onnx", "eager"), choose, "total_s")
+    _rollout_sides(args, trainer, ("compiled", "eager"), choose, "total_s")
 
 
 def grammar(args: argparse.Namespace) -> None:
@@ -478,17 +476,6 @@ def grammar(args: argparse.Namespace) -> None:
         trainer.policy.automaton = automaton if side == "table" else None
 
     _rollout_sides(args, trainer, ("table", "matchers"), choose, "grammar_s")
-
-
-def one_call(args: argparse.Namespace) -> None:
-    """The rollout in one ONNX Runtime call (the grammar's table in its loop) against a call per
-    column, alternating in one trainer."""
-    trainer = _loss_trainer(args)
-
-    def choose(side: str) -> None:
-        trainer.policy.one_call = side == "one call"
-
-    _rollout_sides(args, trainer, ("one call", "per column"), choose, "total_s")
 
 
 def adamw(args: argparse.Namespace) -> None:
@@ -510,24 +497,6 @@ def adamw(args: argparse.Namespace) -> None:
             trainer.optimizer = optimizers[side]
 
     _step_sides(args, trainer, ("fused", "foreach"), choose)
-
-
-POLICY_SWITCHES = {
-    "rollout": ("compiled_rollout", ("compiled loop", "ONNX Runtime's graph")),
-}
-"""Modes that switch one ``HFPolicy`` attribute between True (the first side) and False: the
-one-call rollout by ``adapters/lm/embedded/compiled_rollout.py`` against ONNX Runtime's graph."""
-
-
-def policy_switch(args: argparse.Namespace) -> None:
-    """A ``POLICY_SWITCHES`` mode: its two sides alternating in one trainer."""
-    attribute, sides = POLICY_SWITCHES[args.mode]
-    trainer = _loss_trainer(args)
-
-    def choose(side: str) -> None:
-        setattr(trainer.policy, attribute, side == sides[0])
-
-    _step_sides(args, trainer, sides, choose)
 
 
 def _step_sides(
@@ -569,9 +538,9 @@ SIZES = ((64, 2, None), (128, 4, None), (256, 6, None), (512, 8, None), (256, 6,
 
 
 def sizes(args: argparse.Namespace) -> None:
-    """A rollout of 34 rows and 9 columns through ONNX and eagerly, GPT-2 models of growing size
+    """A rollout of 34 rows and 9 columns compiled and eagerly, GPT-2 models of growing size
     (random weights, no grammar), the two alternating: where ``decode = "auto"`` should stop
-    taking the ONNX path (``onnx_rollout.AUTO_MAX_PARAMETERS``)."""
+    taking the compiled path (``compiled_rollout.AUTO_MAX_PARAMETERS``)."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -584,7 +553,7 @@ def sizes(args: argparse.Namespace) -> None:
     stop = stop_token_id(tokenizer)
     legal = legal_token_ids(tokenizer, "123456789+-*/", stop_id=stop)
     print(
-        "| width | layers | vocabulary | parameters | onnx ms (median) | eager ms (median) | "
+        "| width | layers | vocabulary | parameters | compiled ms (median) | eager ms (median) | "
         "ratio |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|")
@@ -595,19 +564,19 @@ def sizes(args: argparse.Namespace) -> None:
             activation_function="gelu_pytorch_tanh", eos_token_id=None, bos_token_id=None,
         )  # fmt: skip
         policy = HFPolicy(GPT2LMHeadModel(config).eval(), tokenizer, legal_ids=legal, stop_id=stop)
-        times: dict[str, list[float]] = {"onnx": [], "eager": []}
+        times: dict[str, list[float]] = {"compiled": [], "eager": []}
         for index in range(2 * args.rounds):
-            path = ("onnx", "eager")[index % 2]
+            path = ("compiled", "eager")[index % 2]
             policy.decode = path
             generator = torch.Generator().manual_seed(index // 2)
             tic = time.perf_counter()
             policy.sample("Make 24:", 34, min_length=9, max_length=9, generator=generator)
             times[path].append(1000 * (time.perf_counter() - tic))
-        onnx, eager = (statistics.median(times[p]) for p in ("onnx", "eager"))
+        compiled, eager = (statistics.median(times[p]) for p in ("compiled", "eager"))
         count = sum(p.numel() for p in policy.model.parameters())
         print(
             f"| {width} | {layers} | {vocab or len(tokenizer)} | {count / 1e6:.2f}M | "
-            f"{onnx:.1f} | {eager:.1f} | {eager / onnx:.2f}x |",
+            f"{compiled:.1f} | {eager:.1f} | {eager / compiled:.2f}x |",
             flush=True,
         )
 
@@ -631,8 +600,8 @@ def _loss_trainer(args: argparse.Namespace) -> Any:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    modes = ["profile", "ab", "floor", "decode", "grammar", "one-call", "sizes"]
-    modes += ["adamw", *POLICY_SWITCHES, "threads", "interleave", "serve"]
+    modes = ["profile", "ab", "floor", "decode", "grammar", "sizes"]
+    modes += ["adamw", "threads", "interleave", "serve"]
     parser.add_argument("mode", choices=modes)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
@@ -659,12 +628,8 @@ def main() -> None:
         decode(args)
     elif args.mode == "grammar":
         grammar(args)
-    elif args.mode == "one-call":
-        one_call(args)
     elif args.mode == "adamw":
         adamw(args)
-    elif args.mode in POLICY_SWITCHES:
-        policy_switch(args)
     elif args.mode == "threads":
         threads(args)
     elif args.mode == "sizes":

@@ -47,7 +47,6 @@ RESCORING_MODULES = {
 ROLLOUT_MODULES = {
     "eager": "adapters/lm/rollout.py",
     "static": "adapters/lm/gpu/static_decode.py",
-    "onnx": "adapters/lm/embedded/onnx_rollout.py",
     "compiled": "adapters/lm/embedded/compiled_rollout.py",
     "vllm": "adapters/lm/vllm_rollout.py",
 }
@@ -87,11 +86,11 @@ def rescoring_path(
 
 
 def rollout_path(decode_path: str, grammar: GrammarKind) -> str:
-    """The rollout path of decoding path ``decode_path`` (``HFPolicy.decode_path``): on the onnx
-    path a rollout without a grammar or with an automaton's table is one compiled loop, one with
-    xgrammar's matchers (which run on the host between columns) one ONNX Runtime call a column."""
-    if decode_path == "onnx" and grammar != "xgrammar":
-        return "compiled"
+    """The rollout path of decoding path ``decode_path`` (``HFPolicy.decode_path``) under
+    ``grammar``: the decoding path itself, under every grammar (the compiled path runs a rollout
+    without a grammar or with an automaton's table as one compiled call, one with xgrammar's
+    matchers, which run on the host between columns, as one compiled call a column)."""
+    del grammar  # every path takes every grammar
     return decode_path
 
 
@@ -106,7 +105,7 @@ def which(device: Device, model: ModelKind, grammar: GrammarKind) -> tuple[str, 
         "auto",
         torch.device("cuda" if device == "CUDA" else "cpu"),
         sharded=sharded,
-        onnx=lean and on_cpu,
+        compiled=lean and on_cpu,
     )
     rescoring = rescoring_path(
         rows=True,

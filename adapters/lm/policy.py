@@ -38,8 +38,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from raptb.adapters.lm.decode_mode import DecodeMode, resolve_decode
-from raptb.adapters.lm.embedded import lean_gpt2, onnx_rollout
+from raptb.adapters.lm.decode_mode import DecodeMode, current_mode, resolve_decode
+from raptb.adapters.lm.embedded import compiled_rollout, lean_gpt2
 from raptb.adapters.lm.gpu.static_decoder import StaticDecoders
 from raptb.adapters.lm.grammar import GrammarBatch
 from raptb.adapters.lm.paths import RESCORING_MODULES, ROLLOUT_MODULES, grammar_kind, rollout_path
@@ -77,10 +77,12 @@ class HFPolicy:
         model step is fast (a GPU) and the legal vocabulary is large.
     decode: how ``sample`` decodes: ``"eager"`` (``raptb.adapters.lm.rollout``), ``"static"``
         (``raptb.adapters.lm.gpu.static_decode``: static KV cache, fixed batch buckets, CUDA graphs
-        on a GPU; the same rollouts), ``"onnx"`` (``raptb.adapters.lm.embedded.onnx_rollout``: each
-        column in one ONNX Runtime call; GPT-2 in float32 on the CPU; the same rollouts up to float
-        rounding), or ``"auto"``: static on CUDA, onnx on the CPU where it applies to a small
-        model (``onnx_rollout.AUTO_MAX_PARAMETERS``), else eager.
+        on a GPU; the same rollouts), ``"compiled"``
+        (``raptb.adapters.lm.embedded.compiled_rollout``: the rollout compiled by Numba; GPT-2 in
+        float32 on the CPU; the same rollouts up to float rounding), or ``"auto"``: static on
+        CUDA, compiled on the CPU where it applies to a small model
+        (``compiled_rollout.AUTO_MAX_PARAMETERS``), else eager. ``"onnx"``: ``"compiled"``'s
+        former name, with a FutureWarning.
     """
 
     def __init__(
@@ -116,8 +118,9 @@ class HFPolicy:
         if grammar_threads < 1:
             raise ValueError(f"grammar_threads: must be >= 1, got {grammar_threads}")
         self.grammar_threads = int(grammar_threads)
-        # ValueError for a bad name (whether onnx applies is asked at each rollout)
-        resolve_decode(decode, torch.device("cpu"), sharded=False, onnx=True)
+        # ValueError for a bad name (whether compiled applies is asked at each rollout)
+        decode = current_mode(decode)  # type: ignore[assignment]
+        resolve_decode(decode, torch.device("cpu"), sharded=False, compiled=True)
         self.decode: DecodeMode = decode
         self.decoders = StaticDecoders()
         """The static path's KV caches, buffers and CUDA graphs, kept between rollouts."""
@@ -130,14 +133,6 @@ class HFPolicy:
         self._lean_support: weakref.WeakKeyDictionary[torch.nn.Module, bool] = (
             weakref.WeakKeyDictionary()
         )
-        self.one_call = True
-        """Whether the ONNX path runs a rollout without a grammar or with an automaton's table
-        in one call of its ``rollout`` graph (``onnx_rollout``: the same rollouts); off only
-        to compare."""
-        self.compiled_rollout = True
-        """Whether that one call is ``adapters.lm.embedded.compiled_rollout``'s compiled loop (the
-        same function, about 2x faster on the embedded model) rather than ONNX Runtime's graph; off
-        only to compare."""
         self.checkpointed = False
         """Whether ``enable_activation_checkpointing`` has run (training-mode forwards then take
         transformers' own, ``paths``)."""
@@ -155,19 +150,20 @@ class HFPolicy:
 
     @property
     def decode_path(self) -> str:
-        """``"eager"``, ``"static"`` or ``"onnx"``: the path ``sample`` takes now (``decode``
-        resolved on the model's device and for the model; a model sharded across processes
-        decodes eagerly). ValueError for ``"onnx"`` where it does not apply."""
+        """``"eager"``, ``"static"``, ``"compiled"`` or ``"vllm"``: the path ``sample`` takes now
+        (``decode`` resolved on the model's device and for the model; a model sharded across
+        processes decodes eagerly). ValueError for ``"compiled"`` where it does not apply."""
         sharded = self.step_together is not None
-        onnx = (
+        decode = current_mode(self.decode)
+        compiled = (
             not sharded
-            and self.decode in ("auto", "onnx")
+            and decode in ("auto", "compiled")
             and self.uses_lean_gpt2(self.model)
-            and (onnx_rollout.preferred if self.decode == "auto" else onnx_rollout.usable)(
+            and (compiled_rollout.preferred if decode == "auto" else compiled_rollout.usable)(
                 self.model
             )
         )
-        return resolve_decode(self.decode, self.device, sharded=sharded, onnx=onnx)
+        return resolve_decode(decode, self.device, sharded=sharded, compiled=compiled)
 
     @property
     def paths(self) -> tuple[str, str]:

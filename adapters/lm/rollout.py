@@ -32,7 +32,7 @@ import torch
 
 from raptb.adapters.lm import shared_prompts
 from raptb.adapters.lm.embedded import lean_gpt2
-from raptb.adapters.lm.embedded.onnx_rollout import onnx_rollout
+from raptb.adapters.lm.embedded.compiled_rollout import compiled_rollout
 from raptb.adapters.lm.gpu.static_decode import DecodingPolicy, static_rollout
 from raptb.adapters.lm.grammar import unpack_bitmask
 from raptb.adapters.lm.kv_cache import cache_keyword, returned_cache
@@ -127,12 +127,9 @@ class _LeanDecoder:
 class RolloutPolicy(DecodingPolicy, Protocol):
     """What the rollout needs of ``raptb.adapters.lm.policy.HFPolicy`` (which calls this module, so
     it is named by its shape rather than imported): the static path's needs, the resolved decoding
-    path, the lock-step hook of a sharded model (None otherwise), whether the ONNX path may run a
-    rollout in one call and whether that call is the compiled loop."""
+    path and the lock-step hook of a sharded model (None otherwise)."""
 
     step_together: Callable[[bool], bool] | None
-    one_call: bool
-    compiled_rollout: bool
 
     @property
     def decode_path(self) -> str: ...
@@ -157,14 +154,14 @@ def sample_rollout(
     temperature: every row's behaviour temperature, or each row's (float [n]).
 
     The policy's ``decode_path`` "static" hands the rollout to ``static_rollout`` (same
-    rollouts, static shapes, CUDA graphs on a GPU), "onnx" to ``onnx_rollout`` (the same rollouts
-    up to float rounding, each column in one ONNX Runtime call), "vllm" to ``vllm_rollout``
+    rollouts, static shapes, CUDA graphs on a GPU), "compiled" to ``compiled_rollout`` (the same
+    rollouts up to float rounding, compiled by Numba), "vllm" to ``vllm_rollout``
     (the rows drawn by a vLLM engine, the record rescored by the policy)."""
     path = policy.decode_path
     if path == "vllm":
         return vllm_rollout(policy, prompt, n, min_length, max_length, temperature, generator)
-    if path == "onnx":
-        return onnx_rollout(policy, prompt, n, min_length, max_length, temperature, generator)
+    if path == "compiled":
+        return compiled_rollout(policy, prompt, n, min_length, max_length, temperature, generator)
     if path == "static":
         return static_rollout(
             policy,

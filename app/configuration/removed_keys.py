@@ -23,6 +23,8 @@ REMOVED: dict[tuple[str, str], str] = {
     "as loops over the tokens (adapters/lm/embedded/prompt_attention.py)",
     ("optim", "compiled_rescoring"): "on a CPU the embedded model's rescoring is compiled "
     "(adapters/lm/embedded/compiled_rescoring.py)",
+    ("optim", "compiled_rollout"): "on a CPU the embedded model's rollout is compiled "
+    '(adapters/lm/embedded/compiled_rollout.py, sampling.decode = "compiled")',
 }
 """(section, key) -> the path that now always runs."""
 

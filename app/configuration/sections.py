@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from raptb.adapters.lm.decode_mode import DecodeMode
+from raptb.adapters.lm.decode_mode import DecodeMode, current_mode
 from raptb.core.did_you_mean import unknown_choice
 from raptb.core.gfn.objectives import RapTB
 from raptb.core.replay import BUFFERS, buffer_class, option_default, replay_kinds, replay_kwargs
@@ -135,15 +135,6 @@ class OptimConfig(Section):
         ".md); the rollout is unaffected. Also on when the accelerate FSDP config sets "
         "fsdp_activation_checkpointing.",
     )
-    compiled_rollout: bool = Field(
-        True,
-        description="On the onnx decoding path, a rollout without a grammar or with a task's "
-        "automaton runs as one compiled Numba loop (adapters/lm/embedded/compiled_rollout.py: the "
-        "draw and GPT-2's forward of the rows still going, column by column) instead of one ONNX "
-        "Runtime call of its graph (about 120 nodes a column, each mostly dispatch): the same "
-        "function up to float rounding, the embedded model's rollout about 2x faster "
-        "(benchmarks/step_speed.md). False: ONNX Runtime's graph, for comparison.",
-    )
 
 
 class DistributedConfig(Section):
@@ -170,15 +161,22 @@ class SamplingConfig(Section):
     decode: DecodeMode = Field(
         "auto",
         description="Rollout decoding: static (preallocated KV cache, fixed batch buckets, the "
-        "token step replayed as CUDA graphs on a GPU; the same rollouts as eager), onnx (GPT-2 in "
-        "float32 on the CPU: each token step, forward and draw, in one ONNX Runtime call; the "
-        "same rollouts as eager up to float rounding), eager (a growing cache, step by step, "
-        "torch's operations), vllm (the rows drawn by a vLLM engine in this process, the weights "
-        "synced after each optimizer step, the record rescored by the trainer; the vllm extra, a "
-        "pretrained model on one process), or auto: static on CUDA, onnx on the CPU where it "
-        "applies to a model of at most 2M parameters (above, its products cost more than "
-        "eager's), else eager.",
+        "token step replayed as CUDA graphs on a GPU; the same rollouts as eager), compiled "
+        "(GPT-2 in float32 on the CPU, compiled by Numba: each token step, forward and draw, in "
+        "one compiled call, the whole rollout in one where no xgrammar matcher runs between "
+        "steps; the same rollouts as eager up to float rounding), eager (a growing cache, step by "
+        "step, torch's operations), vllm (the rows drawn by a vLLM engine in this process, the "
+        "weights synced after each optimizer step, the record rescored by the trainer; the vllm "
+        "extra, a pretrained model on one process), or auto: static on CUDA, compiled on the CPU "
+        "where it applies to a model of at most 2M parameters (above, its products cost more "
+        "than eager's), else eager. onnx, compiled's former name, is read as compiled with a "
+        "warning.",
     )
+
+    @field_validator("decode", mode="before")
+    @classmethod
+    def _renamed(cls, value: object) -> object:
+        return current_mode(value) if isinstance(value, str) else value
 
 
 SubmWeights = tuple[NonNegative, NonNegative, NonNegative, NonNegative]

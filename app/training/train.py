@@ -167,7 +167,6 @@ class Trainer:
             self.policy.freeze_reference()  # the base weights, before any update or resume
         if checkpoint is not None:
             load_model_weights(self.policy.model, checkpoint)  # before sharding, if any
-        self.policy.compiled_rollout = config.optim.compiled_rollout
         sharding = self.dist.sharding
         if config.optim.gradient_checkpointing or (sharding and sharding.activation_checkpointing):
             self.policy.enable_activation_checkpointing()  # before sharding, if any

@@ -1,202 +1,320 @@
-"""The compiled rollout loop (adapters/lm/embedded/compiled_rollout.py) against ONNX Runtime's
-``rollout`` graph (onnx_graph.rollout_graph, itself held to the column-by-column path and the
-reference loop in test_onnx_rollout.py) on the same feeds.
+"""The compiled rollout (adapters/lm/embedded/compiled_rollout.py, rollout_kernels.py,
+compiled_gpt2.py, weights.py) against torch.
 
-Random GPT-2 weights of random shapes, every activation the graph computes, prompts with
-left-padded pads (``key_bias`` -inf), per-row temperatures, an automaton's table with dead ends,
-any ``min_length``: the same drawn tokens, the same active and moving rows, log-probabilities and
-log-normalisers within float rounding where the caller reads them. The rows come through the
-policy in test_onnx_rollout.py (``test_one_call_equals_the_column_loop``, both engines).
+References: the plain reference loop of test_rollout_identity.py (transformers' forward,
+torch.multinomial) and the eager path (held to that loop bit for bit there) for whole rollouts:
+the same tokens, lengths and texts, the generator left in the same state, the log-probabilities
+equal up to float rounding (the two engines' kernels round differently); on the SMILES task
+(xgrammar's matchers: a compiled call per column) and on Expr24 (its automaton: the whole rollout
+in one compiled call), on random prompts, row counts, lengths and temperatures.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
+import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raptb.adapters.lm.embedded import compiled_rollout, onnx_rollout
-from raptb.adapters.lm.embedded.onnx_builder import ACTIVATIONS, weight_shapes
-from raptb.adapters.lm.embedded.onnx_graph import ColumnShape, rollout_graph
-from raptb.adapters.lm.kv_cache import cache_keyword, returned_cache
+from raptb.adapters.lm.decode_mode import resolve_decode
+from raptb.adapters.lm.embedded import compiled_rollout
+from raptb.adapters.lm.embedded.rollout_kernels import _draw
+from raptb.adapters.lm.grammar import GrammarBatch
+from raptb.adapters.lm.lora import apply_lora
+from raptb.adapters.lm.policy import HFPolicy
+from raptb.adapters.lm.rollout import Rollout
+from raptb.adapters.lm.table_grammar import TableGrammarBatch
+from raptb.adapters.tasks.expr24.task import Expr24Automaton, expr24_grammar
+from raptb.app.configuration.config import build_config
+from raptb.app.task_and_policy import build_policy, build_task
+from tests.adapters.test_policy import GRAMMAR, PROMPT, make_policy
+from tests.adapters.test_rollout_identity import ROLLOUT_CASES, reference_rollout
 
 TOLERANCE = 1e-5
-"""Log-probabilities of magnitude 0.01-20: the two engines' float32 rounding is below 2e-6."""
-
-SCANS = ("tokens", "token_lp", "stop_lp", "log_norm", "active", "moves")
+"""Log-probabilities of magnitude 0.01-20: the engines' float32 rounding is below 2e-6."""
 
 
-def random_feeds(shape: ColumnShape, sizes: dict[str, int], seed: int) -> dict[str, np.ndarray]:
-    """The rollout graph's feeds: weights N(0, 0.3^2) (layer norms' around 1), prompts of
-    ``sizes["prompt"]`` columns whose first slots are pads for some rows, a random automaton of
-    ``sizes["states"]`` states (some states allow nothing legal: a dead end), Exp(1) noise."""
-    rng = np.random.default_rng(seed)
-    n, prompt, columns = sizes["rows"], sizes["prompt"], sizes["columns"]
-    heads, dim = shape.n_head, shape.n_embd // shape.n_head
-    feeds: dict[str, np.ndarray] = {}
-    for name, dims in weight_shapes(shape).items():
-        base = 1.0 if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")) else 0.0
-        feeds[name] = (base + 0.3 * rng.standard_normal(dims)).astype(np.float32)
-    for layer in range(shape.n_layer):
-        for kv in "kv":
-            past = rng.standard_normal((n, heads, prompt, dim))
-            feeds[f"past_{kv}{layer}"] = past.astype(np.float32)
-    pads = rng.integers(0, prompt, size=n)  # each row sees at least its last prompt column
-    key_bias = np.where(np.arange(prompt)[None, :] < pads[:, None], -np.inf, 0.0)
-    states, width = sizes["states"], shape.width
-    table_mask = rng.random((states, width)) < 0.6
-    table_mask[rng.random(states) < 0.2, : width - 1] = False  # dead ends
-    feeds |= {
-        "logits": (2.0 * rng.standard_normal((n, shape.vocab))).astype(np.float32),
-        "key_bias": key_bias.astype(np.float32),
-        "positions": (prompt + rng.integers(0, 3, size=n)).astype(np.int64),
-        "temperature": rng.uniform(0.5, 2.0, size=(n, 1)).astype(np.float32),
-        "noise": rng.exponential(size=(columns, n, width)).astype(np.float32),
-        "min_length": np.array(sizes["min_length"], dtype=np.int64),
-        "columns": np.array(columns, dtype=np.int64),
-        "pad": np.array(shape.vocab - 1, dtype=np.int64),
-        "table_mask": table_mask,
-        "table_next": rng.integers(0, states, size=(states, width)).astype(np.int64),
-    }
-    return feeds
-
-
-@st.composite
-def cases(draw: st.DrawFn) -> tuple[ColumnShape, dict[str, int], int]:
-    heads, dim = draw(st.integers(1, 3)), draw(st.integers(1, 6))
-    vocab = draw(st.integers(4, 24))
-    legal = draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=6, unique=True))
-    stop = draw(st.integers(0, vocab - 1).filter(lambda i: i not in legal))
-    columns = draw(st.integers(0, 7))
-    sizes = {
-        "rows": draw(st.integers(1, 7)),
-        "prompt": draw(st.integers(1, 4)),
-        "columns": columns,
-        "min_length": draw(st.integers(0, columns + 1)),
-        "states": draw(st.integers(1, 4)),
-    }
-    shape = ColumnShape(
-        n_layer=draw(st.integers(1, 2)),
-        n_head=heads,
-        n_embd=heads * dim,
-        n_inner=draw(st.integers(1, 12)),
-        vocab=vocab,
-        positions=sizes["prompt"] + columns + 3,
-        eps=1e-5,
-        sub_ids=(*legal, stop),
-        activation=draw(st.sampled_from(sorted(set(ACTIVATIONS.values())))),
-    )
-    return shape, sizes, draw(st.integers(0, 2**32 - 1))
-
-
-def graph_outputs(shape: ColumnShape, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    return onnx_rollout.session(rollout_graph(shape), 1).run(None, feeds)
-
-
-def assert_same_rollout(mine: list[np.ndarray], graph: list[np.ndarray]) -> None:
-    """The same draws; the floats within TOLERANCE where the caller reads them (``onnx_rollout``:
-    a token's log-probability where the row moved, the stop's and the normaliser where it was
-    active, the last stop's where it is still active)."""
-    last_stop, last_active, *scans = mine
-    graph_stop, graph_active, *graph_scans = graph
-    theirs = dict(zip(SCANS, graph_scans, strict=True))
-    for name, value in zip(SCANS, scans, strict=True):
-        if theirs[name].size == 0:  # no column drawn (T = 0): the graph's scans are [0, 0]
-            assert value.size == 0, name
-            continue
-        assert value.shape == theirs[name].shape, name
-        if value.dtype != np.float32:
-            assert np.array_equal(value, theirs[name]), name
-    np.testing.assert_array_equal(last_active, graph_active)
-    read = {"token_lp": theirs["moves"], "stop_lp": theirs["active"], "log_norm": theirs["active"]}
-    for name, where in read.items():
-        value = dict(zip(SCANS, scans, strict=True))[name]
-        np.testing.assert_allclose(value[where], theirs[name][where], rtol=0, atol=TOLERANCE)
-    if len(scans[0]) == len(graph_scans[0]) and graph_active.any():
-        np.testing.assert_allclose(
-            last_stop[graph_active], graph_stop[graph_active], rtol=0, atol=TOLERANCE
-        )
-
-
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cases())
-def test_the_compiled_loop_computes_the_graphs_rollout(
-    case: tuple[ColumnShape, dict[str, int], int],
-) -> None:
-    shape, sizes, seed = case
-    feeds = random_feeds(shape, sizes, seed)
-    mine = compiled_rollout.run(dict(feeds), shape)
-    assert_same_rollout(mine, graph_outputs(shape, feeds))
-
-
-def test_a_rollout_that_runs_every_column_reads_the_last_stop() -> None:
-    """No stop allowed before the last column (``min_length`` = T, every state allows every
-    choice): every row is still going after T columns, and the stop's log-probability after the
-    last forward is read for all of them."""
-    shape = ColumnShape(
-        n_layer=2, n_head=2, n_embd=8, n_inner=16, vocab=12, positions=16, eps=1e-5,
-        sub_ids=(1, 4, 7, 0),
-    )  # fmt: skip
-    sizes = {"rows": 5, "prompt": 3, "columns": 6, "min_length": 6, "states": 1}
-    feeds = random_feeds(shape, sizes, seed=11)
-    feeds["table_mask"] = np.ones((1, shape.width), dtype=bool)
-    mine = compiled_rollout.run(dict(feeds), shape)
-    graph = graph_outputs(shape, feeds)
-    assert mine[1].all() and len(mine[2]) == 6
-    assert_same_rollout(mine, graph)
-    assert np.all(mine[0] < 0)  # a log-probability, read for every row
-
-
-HF_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
-
-
-def transformers_prompt(
-    shape: ColumnShape, feeds: dict[str, np.ndarray], prompt_ids: list[int], n: int
-) -> dict[str, np.ndarray]:
-    """The prompt's last logits and keys and values for ``n`` rows by transformers' own
-    GPT2LMHeadModel with ``feeds``' weights (untied head), as the graph takes them."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    config = GPT2Config(
-        vocab_size=shape.vocab, bos_token_id=0, eos_token_id=0, n_positions=shape.positions,
-        n_embd=shape.n_embd, n_layer=shape.n_layer, n_head=shape.n_head, n_inner=shape.n_inner,
-        activation_function=HF_ACTIVATIONS[shape.activation], layer_norm_epsilon=shape.eps,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=False,
-    )  # fmt: skip
-    model = GPT2LMHeadModel(config).eval()
-    state = {name: torch.from_numpy(feeds[name]) for name in weight_shapes(shape)}
-    model.load_state_dict(state, strict=False)
+def perturb(policy: HFPolicy, seed: int) -> HFPolicy:
+    """Every parameter moved off its initialisation (biases and layer norms are 0 and 1 there,
+    which would leave their inputs' wiring untested)."""
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        out = model(torch.tensor([prompt_ids]), use_cache=True)
-    cache = returned_cache(out, cache_keyword(model))
-    prompt = {"logits": out.logits[0, -1].expand(n, -1).contiguous().numpy()}
-    for layer in range(shape.n_layer):
-        if hasattr(cache, "layers"):  # transformers 5's cache
-            keys, values = cache.layers[layer].keys, cache.layers[layer].values
-        else:
-            keys, values = cache[layer][:2]
-        prompt[f"past_k{layer}"] = keys.expand(n, -1, -1, -1).contiguous().numpy()
-        prompt[f"past_v{layer}"] = values.expand(n, -1, -1, -1).contiguous().numpy()
-    return prompt
+        for param in policy.model.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=generator))
+    return policy
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cases())
-def test_a_shared_prompt_runs_in_the_loop_as_transformers_runs_it(
-    case: tuple[ColumnShape, dict[str, int], int],
+def perturbed_policy(grammar: str | None, seed: int) -> HFPolicy:
+    """The tiny model, perturbed, with sharpened logits."""
+    return perturb(make_policy(grammar, seed=seed, logit_scale=4.0), seed)
+
+
+def on_both_paths(policy: HFPolicy, prompt: str | list[str], n: int, seed: int, **kw) -> dict:
+    """The rollouts of ``policy`` compiled and eagerly, each from generator seed ``seed``, with
+    the generator's state after each."""
+    kw = {"min_length": 1, "max_length": 9} | kw
+    rollouts = {}
+    for decode in ("compiled", "eager"):
+        policy.decode = decode
+        gen = torch.Generator().manual_seed(seed)
+        rollouts[decode] = (policy.sample(prompt, n, generator=gen, **kw), gen.get_state())
+    return rollouts
+
+
+def assert_same_rollout(rollouts: dict[str, tuple[Rollout, torch.Tensor]]) -> None:
+    """The same rows, lengths, texts and generator state; log-probabilities within TOLERANCE,
+    zero at the same places."""
+    (mine, mine_state), (eager, eager_state) = rollouts["compiled"], rollouts["eager"]
+    assert torch.equal(mine.tokens, eager.tokens)
+    assert torch.equal(mine.length, eager.length)
+    assert mine.rows == eager.rows and mine.texts == eager.texts
+    assert torch.equal(mine_state, eager_state)  # the same draws, in order
+    assert torch.allclose(mine.log_pf, eager.log_pf, rtol=0, atol=TOLERANCE)
+    assert torch.allclose(mine.log_pterm, eager.log_pterm, rtol=0, atol=TOLERANCE)
+    assert bool(torch.all((mine.log_pf == 0) == (eager.log_pf == 0)))
+    assert bool(torch.all((mine.log_pterm == 0) == (eager.log_pterm == 0)))
+
+
+@pytest.fixture(scope="module", params=["grammar", "free"])
+def compiled_policy(request: pytest.FixtureRequest) -> HFPolicy:
+    return perturbed_policy(None if request.param == "free" else GRAMMAR, seed=3)
+
+
+def test_auto_decodes_compiled_on_the_cpu(compiled_policy: HFPolicy) -> None:
+    assert compiled_policy.decode == "auto" and compiled_policy.decode_path == "compiled"
+    lora = make_policy()
+    lora.model = apply_lora(lora.model, rank=4, dropout=0.0)
+    assert lora.decode_path == "eager"  # (not a model the lean forward supports)
+    lora.decode = "compiled"
+    with pytest.raises(ValueError, match="compiled needs"):
+        _ = lora.decode_path
+    half = make_policy()
+    half.model.to(torch.bfloat16)
+    assert half.decode_path == "eager"
+    with pytest.raises(ValueError, match="decode: expected one of"):
+        HFPolicy(
+            half.model, half.tokenizer, legal_ids=half.legal_ids, stop_id=half.stop_id,
+            decode="compield",
+        )  # fmt: skip
+
+
+def test_onnx_is_read_as_compiled_with_a_warning() -> None:
+    """``decode = "onnx"``, the former name: the compiled path, a FutureWarning naming it."""
+    policy = make_policy()
+    with pytest.warns(FutureWarning, match='now called "compiled"'):
+        renamed = HFPolicy(
+            policy.model, policy.tokenizer, legal_ids=policy.legal_ids, stop_id=policy.stop_id,
+            decode="onnx",
+        )  # fmt: skip
+    assert renamed.decode == "compiled" and renamed.decode_path == "compiled"
+    with pytest.warns(FutureWarning, match='write decode = "compiled"'):
+        path = resolve_decode("onnx", torch.device("cpu"), sharded=False, compiled=True)
+    assert path == "compiled"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert resolve_decode("compiled", torch.device("cpu"), sharded=False, compiled=True)
+
+
+def test_auto_takes_compiled_for_small_models_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    policy = make_policy()
+    assert policy.decode_path == "compiled"
+    params = sum(p.numel() for p in policy.model.parameters())
+    monkeypatch.setattr(compiled_rollout, "AUTO_MAX_PARAMETERS", params - 1)
+    assert policy.decode_path == "eager"  # a model above the size auto takes
+    policy.decode = "compiled"
+    assert policy.decode_path == "compiled"  # asked for: any size it applies to
+
+
+def with_activation(policy: HFPolicy, name: str) -> HFPolicy:
+    """``policy``'s model with the MLP activation ``name`` (transformers' ACT2FN)."""
+    from transformers.activations import ACT2FN
+
+    policy.model.config.activation_function = name
+    for block in policy.model.transformer.h:
+        block.mlp.act = ACT2FN[name]
+    return policy
+
+
+def test_activations_outside_the_kernels_decode_eagerly() -> None:
+    assert with_activation(make_policy(), "quick_gelu").decode_path == "eager"
+
+
+@pytest.mark.parametrize("activation", ["gelu_pytorch_tanh", "gelu_new", "gelu", "relu", "silu"])
+def test_every_activation_as_the_eager_path(activation: str) -> None:
+    """Prompts of three lengths (left-padded together: the pads masked by the key bias)."""
+    policy = with_activation(perturbed_policy(GRAMMAR, seed=5), activation)
+    prompts = [("Make 24:", "24:", "Make:")[i % 3] for i in range(12)]
+    assert_same_rollout(on_both_paths(policy, prompts, 12, seed=4))
+
+
+def test_draw_on_hand_made_rows() -> None:
+    """Three choices (ids 0, 2 and stop 3 of a 4-token vocabulary): masked choices never drawn,
+    the temperature divides before the softmax, the first of tied maxima wins."""
+    logits = np.array(
+        [[0.0, 5.0, 1.0, 2.0], [3.0, 0.0, 3.0, 0.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 4.0, 0.0]],
+        dtype=np.float32,
+    )
+    mask = np.array([[1, 1, 1], [1, 1, 0], [0, 0, 1], [1, 1, 1]], dtype=bool)
+    # row 0: p = softmax([0, 1, 2] / 2) over the three; noise makes the choice 0's p / 0.1 win
+    # row 1: a tie of p (logits 3 and 3) with equal noise: the first, choice 0
+    # row 2: only the stop is allowed; row 3: temperature 0.25 sharpens choice 1 (logit 4)
+    temperature = np.array([2.0, 1.0, 1.0, 0.25], dtype=np.float32)
+    noise = np.array([[0.1, 1.0, 1.0], [1.0, 1.0, 1.0], [1.0, 1.0, 1e-3], [0.5, 1.0, 0.5]])
+    sub_ids, behaviour = np.array([0, 2, 3]), np.empty(3, np.float32)
+    choices = [
+        _draw(logits[i], mask[i], sub_ids, temperature[i], noise[i].astype("f4"), behaviour)
+        for i in range(4)
+    ]
+    assert choices == [0, 0, 2, 1]
+
+
+@pytest.mark.parametrize(*ROLLOUT_CASES)
+def test_rollout_equals_the_reference_loop(
+    compiled_policy: HFPolicy,
+    seed: int,
+    n: int,
+    min_length: int,
+    max_length: int,
+    temperature: float | torch.Tensor,
 ) -> None:
-    """``prompt_ids`` (one prompt for every row, its forward computed by the loop, one slot at a
-    time) against the graph given that prompt's logits and keys and values by transformers'
-    GPT2LMHeadModel of the same weights: the same rollout."""
-    shape, sizes, seed = case
-    feeds = random_feeds(shape, sizes, seed)
-    n, prompt = sizes["rows"], sizes["prompt"]
-    prompt_ids = np.random.default_rng(seed).integers(0, shape.vocab, size=prompt).tolist()
-    for name in ("logits", *(f"past_{kv}{layer}" for layer in range(shape.n_layer) for kv in "kv")):
-        del feeds[name]
-    feeds["key_bias"] = np.zeros((n, prompt), dtype=np.float32)
-    feeds["positions"] = np.full(n, prompt, dtype=np.int64)
-    mine = compiled_rollout.run(feeds | {"prompt_ids": np.array(prompt_ids)}, shape)
-    graph = graph_outputs(shape, feeds | transformers_prompt(shape, feeds, prompt_ids, n))
-    assert_same_rollout(mine, graph)
+    gen = torch.Generator().manual_seed(seed)
+    ref_gen = torch.Generator().manual_seed(seed)
+    r = compiled_policy.sample(
+        PROMPT, n, min_length=min_length, max_length=max_length, temperature=temperature,
+        generator=gen,
+    )  # fmt: skip
+    tokens, length, log_pf, log_pterm = reference_rollout(
+        compiled_policy, n, min_length, max_length, temperature, ref_gen
+    )
+    assert torch.equal(r.tokens, tokens)
+    assert torch.equal(r.length, length)
+    assert torch.equal(gen.get_state(), ref_gen.get_state())  # the same draws, in order
+    rows = [tuple(row[:tau]) for row, tau in zip(tokens.tolist(), length.tolist(), strict=True)]
+    assert r.rows == rows
+    assert r.texts == [compiled_policy.row_text(row) for row in rows]
+    assert torch.allclose(r.log_pf, log_pf, rtol=0, atol=TOLERANCE)
+    assert torch.allclose(r.log_pterm, log_pterm, rtol=0, atol=TOLERANCE)
+    assert bool(torch.all((r.log_pf == 0) == (log_pf == 0)))  # zero exactly where stopped
+    assert bool(torch.all((r.log_pterm == 0) == (log_pterm == 0)))
+
+
+def task_policy(task: str) -> HFPolicy:
+    """The policy ``raptb train`` builds for ``task`` with the embedded model, perturbed."""
+    config = build_config(overrides={"model": "tiny", "task": task})
+    built = build_task(config)
+    policy = build_policy(config.model, built, config.seed, lora=config.lora)
+    with torch.no_grad():
+        policy.model.transformer.ln_f.weight.mul_(3.0)
+    return perturb(policy, seed=1)
+
+
+@pytest.fixture(scope="module", params=["smiles", "expr24"])
+def task_and_policy(request: pytest.FixtureRequest) -> tuple[str, HFPolicy]:
+    return request.param, task_policy(request.param)
+
+
+PROMPT_TEXT = st.text(alphabet="CNOc1()=Make 24:", min_size=1, max_size=6)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.data(),
+    n=st.integers(1, 40),
+    seed=st.integers(0, 2**31 - 1),
+    bounds=st.tuples(st.integers(0, 6), st.integers(0, 14)),
+)
+def test_a_task_rolls_out_as_the_eager_path(
+    task_and_policy: tuple[str, HFPolicy],
+    data: st.DataObject,
+    n: int,
+    seed: int,
+    bounds: tuple[int, int],
+) -> None:
+    """SMILES (xgrammar's matchers: the host fills each column's masks) and Expr24 (its
+    automaton: one compiled call), random prompts (one for all rows, or each row's, of different
+    lengths), row counts, lengths and per-row temperatures."""
+    task, policy = task_and_policy
+    expected = GrammarBatch if task == "smiles" else TableGrammarBatch
+    assert isinstance(policy.grammar_batch(n), expected)
+    if data.draw(st.booleans()):
+        prompt: str | list[str] = data.draw(PROMPT_TEXT)
+    else:
+        prompt = data.draw(st.lists(PROMPT_TEXT, min_size=n, max_size=n))
+    temps = data.draw(st.lists(st.floats(0.3, 3.0), min_size=n, max_size=n))
+    lengths = {"min_length": min(bounds), "max_length": max(bounds)}
+    temperature = torch.tensor(temps, dtype=torch.float32)
+    rollouts = on_both_paths(policy, prompt, n, seed, temperature=temperature, **lengths)
+    assert_same_rollout(rollouts)
+
+
+@pytest.mark.parametrize("prompts", ["two lengths", "shared"])
+@pytest.mark.parametrize(
+    ("bounds", "min_length", "max_length"), [((3, 9), 3, 9), ((3, 5), 1, 9), ((1, 9), 0, 4)]
+)
+def test_one_call_equals_the_columns_from_the_host(
+    bounds: tuple[int, int],
+    min_length: int,
+    max_length: int,
+    prompts: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An Expr24 grammar as its automaton (one compiled call for the rollout) and as xgrammar's
+    matchers (a compiled call per column, the masks filled on the host): the same rollout, bit
+    for bit (the same kernels), and the generator left in the same state."""
+    policy = perturbed_policy(expr24_grammar(*bounds), seed=3)
+    calls: list[str] = []
+    for name in ("_one_call", "_host_columns"):
+        original = getattr(compiled_rollout, name)
+        monkeypatch.setattr(
+            compiled_rollout, name, lambda *a, o=original, k=name: calls.append(k) or o(*a)
+        )
+    rows = [PROMPT, "Hi:"] * 12 if prompts == "two lengths" else [PROMPT] * 24
+    temperature = torch.linspace(0.7, 1.6, 24)
+    rollouts, states = [], []
+    for automaton in (Expr24Automaton(*bounds), None):
+        policy.automaton = automaton
+        gen = torch.Generator().manual_seed(7)
+        lengths = {"min_length": min_length, "max_length": max_length}
+        rollouts.append(policy.sample(rows, 24, **lengths, temperature=temperature, generator=gen))
+        states.append(gen.get_state())
+    assert calls == ["_one_call", "_host_columns"]
+    whole, columns = rollouts
+    assert whole.rows == columns.rows and whole.texts == columns.texts
+    assert torch.equal(whole.length, columns.length)
+    assert len(set(whole.length.tolist())) > 1
+    if bounds == (3, 5):
+        assert int(whole.length.max()) <= 5 < max_length  # every row stopped: the loop ended early
+    assert torch.equal(whole.log_pf, columns.log_pf)
+    assert torch.equal(whole.log_pterm, columns.log_pterm)
+    assert torch.equal(states[0], states[1])
+
+
+def test_follows_weights_updated_in_place_or_given_new_memory() -> None:
+    """The weights are packed at each rollout: after an in-place update (as the optimizer's) or
+    a parameter given new memory (a move, a load by assignment) it samples the updated model,
+    as the eager path does."""
+    policy = perturbed_policy(GRAMMAR, seed=7)
+    policy.sample(PROMPT, 8, min_length=1, max_length=9)
+    with torch.no_grad():
+        for param in policy.model.parameters():
+            param.mul_(1.5)
+    assert_same_rollout(on_both_paths(policy, PROMPT, 24, seed=11))
+    with torch.no_grad():
+        for param in policy.model.parameters():
+            param.data = param.data * 0.8 + 0.01
+    assert_same_rollout(on_both_paths(policy, PROMPT, 24, seed=12))
+
+
+@pytest.mark.parametrize("grammar", [GRAMMAR, None])
+def test_refuses_non_finite_logits_as_multinomial_does(grammar: str | None) -> None:
+    """On both routes: the call per column (xgrammar's matchers) and the one call."""
+    policy = perturbed_policy(grammar, seed=9)
+    with torch.no_grad():
+        policy.model.transformer.ln_f.bias[0] = float("nan")
+    for decode in ("compiled", "eager"):
+        policy.decode = decode
+        with pytest.raises(RuntimeError, match="probability tensor"):
+            policy.sample(PROMPT, 4, min_length=1, max_length=9)

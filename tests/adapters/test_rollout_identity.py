@@ -3,7 +3,7 @@ plain reference loop kept here (the rollout as first written: separate grammar m
 trip per query, boolean-mask writes; its prompt forwarded once for all rows). Tokens, lengths, texts
 and both log-prob tensors must match exactly, and so must the generator state afterwards (the same
 random draws were taken). This holds the eager path (torch's operations, as the reference's); the
-ONNX path is held to the same reference, up to float rounding, in test_onnx_rollout.py.
+compiled path is held to the same reference, up to float rounding, in test_compiled_rollout.py.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ ROLLOUT_CASES = (
         (6, 5, 0, 0, 1.0),
     ],
 )
-"""Rollouts held to the reference loop (here and in test_onnx_rollout.py): row counts from 1 to
+"""Rollouts held to the reference loop (here and in test_compiled_rollout.py): row counts from 1 to
 32, no minimum to a minimum of 3, horizons from 0 to past the grammar's longest expression (seed
 5: every row stops early), temperatures below and above 1 and one per row."""
 

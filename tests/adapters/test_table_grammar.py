@@ -121,7 +121,7 @@ def test_the_task_declares_its_automaton() -> None:
     assert task.automaton == Expr24Automaton(5, 7)
 
 
-@pytest.mark.parametrize("decode", ["eager", "onnx", "static"])
+@pytest.mark.parametrize("decode", ["eager", "compiled", "static"])
 def test_rollouts_through_the_table_equal_rollouts_through_the_matchers(decode: str) -> None:
     policy = make_policy(expr24_grammar(3, 9), seed=2, logit_scale=4.0)
     policy.decode = decode

@@ -95,7 +95,7 @@ def test_rollout_stepping_on_for_other_ranks_changes_nothing():
     config = build_config(overrides={"threads": 1})
     task = build_task(config)
     policy = build_policy(config.model, task, 0, device=torch.device("cpu"))
-    policy.decode = "eager"  # a sharded rank's path (onnx is for one process), alone as well
+    policy.decode = "eager"  # a sharded rank's path (compiled is for one process), alone as well
     prompt = task.prompts()[0]
     # a horizon past the grammar's longest expression, so every row stops before it
     lengths = {"min_length": task.min_length, "max_length": task.max_length + 3}

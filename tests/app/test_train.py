@@ -428,46 +428,9 @@ def test_cli_time_limit_stops_with_exit_0_and_says_why(tmp_path, monkeypatch):
     assert bad.exit_code == 2 and "time_limit" in bad.output
 
 
-def _twelve_steps(
-    tmp_path: Path, knob: str, on: bool, more: dict | None = None
-) -> tuple[Trainer, list[dict], torch.Tensor]:
-    """The main job's first 12 steps (seed 3) with ``knob`` set to ``on`` (and the overrides
-    ``more``): the trainer, its metrics records and its weights."""
-    overrides = {"task": "expr24", "loss": "raptb", "replay.kind": "subm", "seed": 3}
-    config = build_config(overrides=overrides | (more or {}) | {"steps": 12, knob: on})
-    trainer = Trainer(config, tmp_path / f"{knob}-{on}", progress=False)
-    trainer.train()
-    lines = (tmp_path / f"{knob}-{on}" / "metrics.jsonl").read_text().splitlines()
-    weights = torch.cat([p.detach().flatten() for p in trainer.policy.model.parameters()])
-    return trainer, [json.loads(line) for line in lines], weights
-
-
 def test_a_cpu_run_takes_adamws_fused_update(tmp_path: Path) -> None:
     """On a CPU, one process, AdamW's fused update (one C++ loop over the parameters)."""
     trainer = Trainer(small_config(steps=1), tmp_path, progress=False)
     assert trainer.optimizer.defaults["fused"] and not trainer.optimizer.defaults["foreach"]
 
 
-def test_the_compiled_rollout_trains_like_onnx_runtimes_graph(tmp_path: Path, monkeypatch) -> None:
-    """``optim.compiled_rollout`` reaches the policy (its one-call rollouts by
-    adapters/lm/embedded/compiled_rollout.py, else by ONNX Runtime's graph), and the main job's
-    first steps log the same records up to float rounding: the two draw the same rows, and the
-    rescoring, not the rollout's log-probabilities, makes the loss."""
-    from raptb.adapters.lm.embedded import compiled_rollout
-
-    calls = []
-    run = compiled_rollout.run
-    monkeypatch.setattr(compiled_rollout, "run", lambda *args: calls.append(1) or run(*args))
-    runs = {}
-    for on in (True, False):
-        calls.clear()
-        trainer, records, weights = _twelve_steps(tmp_path, "optim.compiled_rollout", on)
-        assert trainer.policy.compiled_rollout is on
-        assert (len(calls) >= 12) is on  # a rollout a step at least
-        runs[on] = (records, weights)
-    (records_on, weights_on), (records_off, weights_off) = runs[True], runs[False]
-    assert torch.allclose(weights_on, weights_off, rtol=0, atol=1e-5)
-    for mine, theirs in zip(records_on, records_off, strict=True):
-        for key, value in theirs.items():
-            if key != "seconds":  # wall time
-                assert mine[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key

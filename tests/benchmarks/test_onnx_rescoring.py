@@ -24,6 +24,8 @@ magnitude 1-20, gradients relative to each parameter's largest entry)."""
 
 @pytest.fixture(scope="module")
 def rescoring():
+    pytest.importorskip("onnx")  # (the bench extra)
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # (its onnx_builder)
     spec = importlib.util.spec_from_file_location(
         "onnx_rescoring", ROOT / "benchmarks" / "onnx_rescoring.py"
     )

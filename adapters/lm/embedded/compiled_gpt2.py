@@ -1,17 +1,17 @@
 """GPT-2's forward for a rollout's running rows, as compiled Numba functions on NumPy arrays.
 
-``compiled_rollout``'s loop calls ``forward`` once a column for the rows that moved: the layer
+``rollout_kernels``' column calls ``forward`` for the rows that moved: the layer
 norms, the products by BLAS (``gemm.gemm``), attention per row and head over each row's keys and
 values (the prompt's slots under an additive ``key_bias``, 0 or -inf on a left-padded prompt's
 pads), the activation (the tanh GELU with ONNX Runtime's own rational tanh, MLAS's), the head.
 ``shared_prompt`` runs a prompt every row shares through it once, one slot at a time, and copies
-its keys and values to every row. The weights are a ``GPT2LMHeadModel``'s, as ``weights`` lays
-them out from the rollout graph's feeds (``onnx_builder.weight_names``); the keys and values are
-``cache``'s arrays, the keys transposed so that a query's scores are an axpy over the slots.
+its keys and values to every row. The weights are a ``GPT2LMHeadModel``'s, as ``weights.packed``
+lays them out; the keys and values are ``cache``'s arrays, the keys transposed so that a query's
+scores are an axpy over the slots.
 
-The same function as ``lean_gpt2.forward`` and the rollout graph's ``step`` up to float rounding
-(``tests/adapters/test_compiled_rollout.py``, through the rollout, against ONNX Runtime's graph and
-transformers' GPT2LMHeadModel).
+The same function as transformers' GPT2LMHeadModel up to float rounding
+(``tests/adapters/test_compiled_rollout.py``, through the rollout, against the eager reference
+rollout).
 """
 
 from __future__ import annotations
@@ -22,11 +22,7 @@ import numba as nb
 import numpy as np
 
 from raptb.adapters.lm.embedded.gemm import gemm
-from raptb.adapters.lm.embedded.onnx_builder import BLOCK_PARTS
-from raptb.adapters.lm.embedded.onnx_graph import ColumnShape
-
-KINDS = {"gelu_tanh": 0, "gelu": 1, "relu": 2, "silu": 3}
-"""``ColumnShape.activation`` -> the kernel's activation code."""
+from raptb.adapters.lm.embedded.weights import GPT2Shape
 
 _ZERO = np.float32(0.0)
 _ONE = np.float32(1.0)
@@ -57,7 +53,7 @@ def _tanh(x: np.float32) -> np.float32:
 
 @nb.njit(**_JIT)
 def _activate(x: np.ndarray, kind: int) -> None:
-    """The MLP's activation in place on x [m, inner] (``KINDS``)."""
+    """The MLP's activation in place on x [m, inner] (``weights.KINDS``)."""
     m, width = x.shape
     if kind == 0:
         c, a = np.float32(0.7978845608028654), np.float32(0.044715)
@@ -226,28 +222,7 @@ def shared_prompt(
         logits[i] = last[0]
 
 
-def weights(feeds: dict[str, np.ndarray], shape: ColumnShape) -> tuple:
-    """``forward``'s model from the rollout graph's weight feeds: the embeddings, each block part
-    stacked over the blocks (``BLOCK_PARTS``' order), the final layer norm, the head transposed
-    [C, V], the layer norms' epsilon and the activation's code."""
-    layers = range(shape.n_layer)
-    blocks = tuple(
-        np.stack([feeds[f"transformer.h.{layer}.{part}"] for layer in layers])
-        for part in BLOCK_PARTS
-    )
-    return (
-        feeds["transformer.wte.weight"],
-        feeds["transformer.wpe.weight"],
-        blocks,
-        feeds["transformer.ln_f.weight"],
-        feeds["transformer.ln_f.bias"],
-        np.ascontiguousarray(feeds["lm_head.weight"].T),
-        np.float32(shape.eps),
-        KINDS[shape.activation],
-    )
-
-
-def cache(shape: ColumnShape, rows: int, slots: int) -> tuple[np.ndarray, np.ndarray]:
+def cache(shape: GPT2Shape, rows: int, slots: int) -> tuple[np.ndarray, np.ndarray]:
     """Zeroed keys [L, n, H, D, S] (transposed: a score is an axpy over the slots) and values
     [L, n, H, S, D] for ``rows`` rows of ``slots`` slots."""
     heads, dim = shape.n_head, shape.n_embd // shape.n_head
@@ -256,7 +231,7 @@ def cache(shape: ColumnShape, rows: int, slots: int) -> tuple[np.ndarray, np.nda
     return keys, values
 
 
-def work(shape: ColumnShape, rows: int, slots: int) -> tuple:
+def work(shape: GPT2Shape, rows: int, slots: int) -> tuple:
     """``forward``'s buffers for up to ``rows`` rows over ``slots`` slots."""
     width = shape.n_embd
     return (

@@ -38,14 +38,13 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from raptb.adapters.lm.embedded.compiled_gpt2 import KINDS
-from raptb.adapters.lm.embedded.onnx_builder import ACTIVATIONS, BLOCK_PARTS
 from raptb.adapters.lm.embedded.prompt_attention import token_positions
 from raptb.adapters.lm.embedded.rescoring_kernels import backward_pass, forward_pass
+from raptb.adapters.lm.embedded.weights import ACTIVATIONS, BLOCK_PARTS, KINDS
 
 
 def kind(model: torch.nn.Module) -> int | None:
-    """The activation's kernel code for ``model``'s MLP (``compiled_gpt2.KINDS``), or None when
+    """The activation's kernel code for ``model``'s MLP (``weights.KINDS``), or None when
     this module does not compute it."""
     name = ACTIVATIONS.get(model.config.activation_function)
     return None if name is None else KINDS[name]

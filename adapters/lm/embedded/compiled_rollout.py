@@ -1,198 +1,251 @@
-"""The one-call rollout (``onnx_graph.rollout_graph``) as one compiled Numba function.
+"""The embedded GPT-2's rollout on the CPU, compiled by Numba (``decode = "compiled"``).
 
-``onnx_rollout`` runs a rollout without a grammar, or with an automaton's table, as one call of an
-ONNX graph: the columns in an ONNX ``Loop`` whose body is about 120 nodes. For the embedded model
-(2 blocks of width 64, 30 rows, 9 columns) that is some 1,000 node runs of a few microseconds of
-dispatch each around tens of nanoseconds of arithmetic: 3.3-5.5 ms a rollout on one core. This
-module computes the same function from the same inputs (``run`` takes the graph's feeds and returns
-its outputs in its order) in one compiled loop:
+The same rollout as ``raptb.adapters.lm.rollout``'s eager path (its docstring states the
+behaviour's mask and the recorded log-probabilities) for the models ``lean_gpt2`` supports with
+an activation ``weights.ACTIVATIONS`` names, in float32 on the CPU. The weights are packed from
+the torch module at each rollout (``weights.packed``: the optimizer's updates are read), the keys
+and values live in preallocated NumPy arrays (``compiled_gpt2.cache``), and each column is
+``rollout_kernels.column``: the draw of every active row and GPT-2's forward of the rows that
+moved, one compiled call.
 
-- per column and row, the draw: the mask from the row's state's row of the table and the rules
-  (a finished row only stops, no stop below ``min_length``, a dead end stops), the behaviour
-  ``softmax(logits[sub_ids] / temperature)``, ``choice = argmax(p / noise)`` (the first of ties:
-  torch.multinomial's draw with the noise the caller drew from torch's generator), the
-  log-normaliser over the vocabulary and the token's and stop's log-probabilities;
-- then GPT-2's forward of the drawn tokens at the column's positions over each row's keys and
-  values (the prompt's, with ``key_bias`` on a left-padded prompt's pads, and the columns
-  before): ``compiled_gpt2.forward``.
+- With xgrammar's matchers (``GrammarBatch``) the host runs the columns: before each, the
+  matchers fill every row's mask, which the column reads; after it, they accept the tokens drawn.
+  Each column's noise is drawn from the generator as the eager path draws it.
+- Without a grammar, or with a grammar a task declared as an automaton (its table,
+  ``adapters.lm.table_grammar``), nothing is left for the host between columns: every column runs
+  in one compiled call (``rollout_kernels.columns``, the masks read from the table), its noise
+  drawn for every column beforehand from the generator as the column loop draws it and the
+  generator put back to where the columns used leave it.
 
-Two shortcuts, neither visible in what the caller reads: the forward runs for the rows that moved
-only (a stopped row's later columns only read the stop, and the caller masks its log-probabilities
-by ``active``: they are returned as 0 here), and no forward follows a column where no row moved
-(its logits would only give the last stop's log-probability of rows that are all stopped).
+The draw is torch.multinomial's (``rollout_kernels``): a seed gives the same rows as the eager
+path, up to a tie within float rounding, and leaves the generator in the same state
+(``tests/adapters/test_compiled_rollout.py``). A prompt every row shares is run through the
+compiled forward once (``compiled_gpt2.shared_prompt``); rows with prompts of different lengths
+are left-padded together by ``lean_gpt2.prompt_logits_and_past``, as on the eager path, the pads
+masked out of every column's attention (``key_bias``).
 
-The same rows and log-probabilities as the graph up to float rounding (a choice can differ only
-where two of a row's chances tie within rounding): ``tests/adapters/test_compiled_rollout.py``
-holds them to ONNX Runtime's graph on random models, prompts, masks and temperatures. The main
-job's rollout (``benchmarks/step_speed.md``): about 2x faster than the graph's call.
+``usable(model)`` says when it applies (with ``lean_gpt2.supports``), ``preferred(model)`` when
+``decode = "auto"`` takes it (small models: ``AUTO_MAX_PARAMETERS``).
 """
 
 from __future__ import annotations
 
-import numba as nb
+import time
+from collections.abc import Sequence
+
 import numpy as np
+import torch
 
-from raptb.adapters.lm.embedded import compiled_gpt2
-from raptb.adapters.lm.embedded.compiled_gpt2 import forward, shared_prompt
-from raptb.adapters.lm.embedded.onnx_graph import ColumnShape
+from raptb.adapters.lm.embedded import compiled_gpt2, lean_gpt2
+from raptb.adapters.lm.embedded.rollout_kernels import column, columns, last_stops
+from raptb.adapters.lm.embedded.weights import ACTIVATIONS, packed, shape_of
+from raptb.adapters.lm.grammar import GrammarBatch
+from raptb.adapters.lm.rollout_record import Rollout, RolloutTimings, row_temperatures
+from raptb.adapters.lm.row_prompts import check_rollout_shape, row_prompt_ids
+from raptb.adapters.lm.table_grammar import TableGrammarBatch
 
-_ZERO = np.float32(0.0)
-_MINUS_INF = np.float32(-np.inf)
-_JIT = {"cache": True, "error_model": "numpy"}  # (as compiled_gpt2's: IEEE division)
-
-
-@nb.njit(**_JIT)
-def _log_normaliser(row: np.ndarray) -> np.float32:
-    """log sum exp over ``row`` (its max taken out first)."""
-    top = row[0]
-    for v in range(1, row.shape[0]):
-        top = max(top, row[v])
-    total = _ZERO
-    for v in range(row.shape[0]):
-        total += np.exp(row[v] - top)
-    return top + np.log(total)
+AUTO_MAX_PARAMETERS = 2_000_000
+"""The largest model ``decode = "auto"`` hands to this path. Measured for the ONNX Runtime
+rollout this path replaced (one thread, 34 rows, 9 columns, the two alternating, ``python
+benchmarks/step_speed.py sizes``, 2026-11-29, a 2-core Intel Xeon; GPT-2 shapes with the embedded
+model's 98-token vocabulary unless said), eager's time over that path's: 1.32-1.37x at 0.11M
+parameters (the embedded model), 1.26-1.34x at 0.8M, 0.99-1.13x at 4.8M, 0.84-0.87x at 25M. Once
+the products are large, torch's are the faster ones."""
 
 
-@nb.njit(**_JIT)
-def _draw(
-    logits: np.ndarray,
-    mask: np.ndarray,
-    sub_ids: np.ndarray,
-    temperature: np.float32,
-    noise: np.ndarray,
-    behaviour: np.ndarray,
-) -> int:
-    """The choice among the K = len(sub_ids) sub-vocabulary entries of a row with ``logits`` [V]:
-    argmax over ``mask`` of softmax(logits[sub_ids] / temperature) / noise, the first of ties."""
-    for j in range(sub_ids.shape[0]):
-        behaviour[j] = logits[sub_ids[j]] / temperature if mask[j] else _MINUS_INF
-    top = _MINUS_INF
-    for j in range(sub_ids.shape[0]):
-        top = max(top, behaviour[j])
-    total = _ZERO
-    for j in range(sub_ids.shape[0]):
-        behaviour[j] = np.exp(behaviour[j] - top)
-        total += behaviour[j]
-    choice, best = 0, np.float32(-1.0)
-    for j in range(sub_ids.shape[0]):
-        chance = behaviour[j] / total / noise[j]
-        if chance > best:
-            choice, best = j, chance
-    return choice
+def usable(model: torch.nn.Module) -> bool:
+    """Whether this path runs ``model``'s rollouts: a model ``lean_gpt2`` supports (the caller
+    asks that, memoised), with an activation the kernels compute (``weights.ACTIVATIONS``) and
+    every parameter float32 on the CPU."""
+    return getattr(model.config, "activation_function", None) in ACTIVATIONS and all(
+        p.dtype == torch.float32 and p.device.type == "cpu" for p in model.parameters()
+    )
 
 
-@nb.njit(**_JIT)
-def _columns(
-    model: tuple,
-    cache: tuple,
-    work: tuple,
-    rollout: tuple,
-    limits: tuple,
-    table: tuple,
+def preferred(model: torch.nn.Module) -> bool:
+    """``usable`` and at most ``AUTO_MAX_PARAMETERS`` parameters: where ``auto`` takes it."""
+    return sum(p.numel() for p in model.parameters()) <= AUTO_MAX_PARAMETERS and usable(model)
+
+
+def compiled_rollout(
+    policy,
+    prompt: str | Sequence[str],
+    n: int,
+    min_length: int,
+    max_length: int,
+    temperature: float | torch.Tensor,
+    generator: torch.Generator | None,
+) -> Rollout:
+    """``sample_rollout`` on this path (``policy``: ``rollout.RolloutPolicy``)."""
+    check_rollout_shape(n, min_length, max_length)
+    prompt_rows = row_prompt_ids(policy.prompt_ids, prompt, n)
+    policy.check_positions(max(len(row) for row in prompt_rows), max_length)
+    start = time.perf_counter()
+    model, big_t = policy.model, max_length
+    shape = shape_of(model)
+    sub_ids = np.array([*policy.legal_ids, policy.stop_id], dtype=np.int64)
+    with torch.inference_mode():
+        weights = packed(model)
+        logits, key_bias, positions, cache, work = _prompt(
+            policy, weights, shape, prompt_rows, big_t
+        )
+    model_s = time.perf_counter() - start
+    temp = row_temperatures(temperature, n).numpy()[:, None]
+    rollout = (logits, key_bias, positions, temp, sub_ids, min_length)
+    out = (
+        np.full((big_t, n), policy.pad_id, dtype=np.int64),
+        *(np.zeros((big_t, n), np.float32) for _ in range(3)),
+        *(np.zeros((big_t, n), bool) for _ in range(2)),
+        np.ones(n, bool),
+        np.zeros(n, np.int64),
+    )
+    arrays = (weights, cache, work, rollout)
+    grammar = policy.grammar_batch(n)
+    source = torch.default_generator if generator is None else generator
+    if isinstance(grammar, GrammarBatch):
+        used, model_s, grammar_s = _host_columns(arrays, grammar, out, source, (model_s, 0.0))
+    else:
+        used = _one_call(arrays, grammar, out, source)
+        model_s, grammar_s = time.perf_counter() - start, 0.0
+    _check_finite(out)
+    last_stop = np.zeros(n, np.float32)
+    if used == big_t:
+        last_stops(logits, policy.stop_id, out[6], last_stop)
+    return _recorded(policy, out, used, last_stop, (model_s, grammar_s, start))
+
+
+def _prompt(policy, weights: tuple, shape, prompt_rows: list[list[int]], big_t: int) -> tuple:
+    """The logits [n, V] after each row's prompt, the key bias [n, P] (0, or -inf on a
+    left-padded prompt's pads), each row's first position [n], the cache with the prompt's keys
+    and values in its first P slots and ``forward``'s work buffers."""
+    n = len(prompt_rows)
+    if all(row == prompt_rows[0] for row in prompt_rows):
+        p = len(prompt_rows[0])
+        cache = compiled_gpt2.cache(shape, n, p + big_t)
+        work = compiled_gpt2.work(shape, n, p + big_t)
+        logits = np.empty((n, shape.vocab), np.float32)
+        ids = np.array(prompt_rows[0], dtype=np.int64)
+        compiled_gpt2.shared_prompt(weights, ids, cache, work, logits)
+        return logits, np.zeros((n, p), np.float32), np.full(n, p, np.int64), cache, work
+    first, past, position, key_mask = lean_gpt2.prompt_logits_and_past(
+        policy.model, prompt_rows, policy.pad_id, policy.device
+    )
+    p = past[0][0].shape[2]
+    keys, values = cache = compiled_gpt2.cache(shape, n, p + big_t)
+    for layer, (k, v) in enumerate(past):
+        keys[layer, ..., :p] = k.numpy().transpose(0, 1, 3, 2)
+        values[layer, :, :, :p] = v.numpy()
+    key_bias = np.zeros((n, p), dtype=np.float32)
+    if key_mask is not None:
+        key_bias[~key_mask.numpy()] = -np.inf
+    positions = position[:, 0].numpy().astype(np.int64)
+    logits = first.contiguous().numpy().copy()
+    return logits, key_bias, positions, cache, compiled_gpt2.work(shape, n, p + big_t)
+
+
+def _host_columns(
+    arrays: tuple,
+    grammar: GrammarBatch,
     out: tuple,
-) -> int:
-    """The rollout graph's loop (module docstring) on arrays the caller made: ``cache`` the keys
-    and values with the prompt's in their first slots, ``rollout`` the logits after the prompt
-    (overwritten), ``key_bias``, ``positions``, ``temperature``, ``noise`` and ``sub_ids``,
-    ``limits`` min_length and T, ``table`` the automaton's mask and next states, ``out`` the
-    scans [T, n] (tokens filled with the pad id, the others with 0), the last active rows (all
-    True) and the last stop's log-probabilities (0). Returns the columns drawn."""
-    keys, values = cache
-    logits, key_bias, positions, temperature, noise, sub_ids = rollout
-    min_length, columns = limits
-    table_mask, table_next = table
-    tokens, token_lp, stop_lp, log_norm, was_active, moved, active, last_stop = out
-    n, prompt, width = logits.shape[0], key_bias.shape[1], sub_ids.shape[0]
-    num_legal, stop_id = width - 1, sub_ids[width - 1]
-    state = np.zeros(n, np.int64)
-    mask = np.empty(width, np.bool_)
-    behaviour = np.empty(width, np.float32)
-    rows = np.empty(n, np.int64)
-    step_tokens = np.empty(n, np.int64)
-    step_positions = np.empty(n, np.int64)
+    generator: torch.Generator,
+    times: tuple[float, float],
+) -> tuple[int, float, float]:
+    """The columns one compiled call each, xgrammar's matchers filling the masks before each
+    and accepting the tokens drawn after it. Returns the columns drawn and the model's and the
+    grammar's seconds (``times``: before)."""
+    model_s, grammar_s = times
+    weights, cache, work, rollout = arrays
+    n, width = rollout[0].shape[0], rollout[4].shape[0]
+    tokens, moved = out[0], out[5]
+    grammar.reset()
     used = 0
-    for k in range(columns):
-        m = 0
-        for i in range(n):
-            was_active[k, i] = active[i]
-            if not active[i]:
-                continue  # it may only stop: its log-probabilities are masked by the caller
-            norm = _log_normaliser(logits[i])
-            log_norm[k, i] = norm
-            stop_lp[k, i] = logits[i, stop_id] - norm
-            s = state[i]
-            any_legal = False
-            for j in range(num_legal):
-                mask[j] = table_mask[s, j]
-                any_legal = any_legal or mask[j]
-            mask[num_legal] = (table_mask[s, num_legal] and k >= min_length) or not any_legal
-            choice = _draw(logits[i], mask, sub_ids, temperature[i, 0], noise[k, i], behaviour)
-            token_lp[k, i] = logits[i, sub_ids[choice]] - norm
-            if choice == num_legal:
-                active[i] = False
-                continue
-            moved[k, i] = True
-            tokens[k, i] = sub_ids[choice]
-            state[i] = table_next[s, choice]
-            rows[m], step_tokens[m], step_positions[m] = i, sub_ids[choice], positions[i] + k
-            m += 1
+    for k in range(tokens.shape[0]):
+        tic = time.perf_counter()
+        mask = grammar.next_mask().numpy()
+        grammar_s += time.perf_counter() - tic
+        # torch.multinomial's noise, from the same generator in the same order
+        noise = torch.empty((n, width), dtype=torch.float32).exponential_(generator=generator)
+        tic = time.perf_counter()
+        m = column(weights, cache, work, rollout, k, mask, noise.numpy(), out)
+        model_s += time.perf_counter() - tic
         used = k + 1
+        _check_finite(out, k)
         if m == 0:
             break
-        moving = rows[:m]
-        step = (step_tokens[:m], step_positions[:m], moving)
-        step_logits = forward(model, step, keys, values, key_bias, prompt + k, work)
-        for r in range(m):
-            logits[moving[r]] = step_logits[r]
-    if used == columns:
-        for i in range(n):
-            if active[i]:
-                last_stop[i] = logits[i, stop_id] - _log_normaliser(logits[i])
+        rows = np.flatnonzero(moved[k])
+        tic = time.perf_counter()
+        accepted = grammar.accept_many(rows.tolist(), tokens[k, rows].tolist())
+        grammar_s += time.perf_counter() - tic
+        if not all(accepted):
+            raise RuntimeError("grammar matcher rejected a token its own mask allowed")
+    return used, model_s, grammar_s
+
+
+def _check_finite(out: tuple, column: int | None = None) -> None:
+    """RuntimeError, as torch.multinomial's, where an active row's log-normaliser is not finite
+    (in ``column``, or in any)."""
+    log_norm, was_active = out[3], out[4]
+    if column is not None:
+        log_norm, was_active = log_norm[column], was_active[column]
+    if not np.isfinite(log_norm[was_active]).all():
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+
+
+def _one_call(
+    arrays: tuple, grammar: TableGrammarBatch | None, out: tuple, generator: torch.Generator
+) -> int:
+    """Every column in one compiled call, the masks from the automaton's table (its stop
+    column's next state 0, never read: a stopped row keeps its state; without a grammar one
+    state allowing all), the noise of every column drawn first as the column loop draws it and
+    the generator put back to where the columns used leave it. Returns the columns drawn."""
+    rollout = arrays[3]
+    n, width, big_t = rollout[0].shape[0], rollout[4].shape[0], out[0].shape[0]
+    if grammar is None:
+        table = (np.ones((1, width), dtype=bool), np.zeros((1, width), dtype=np.int64))
+    else:
+        t = grammar.table
+        stop = np.zeros((t.num_states, 1), dtype=np.int64)
+        table = (t.mask, np.concatenate([t.next_state, stop], axis=1))
+    # every column's noise and the generator's state after each (a state is 5 us to take, a
+    # column's redraw 20)
+    noise = torch.empty((big_t, n, width))
+    after = []
+    for column_noise in noise:
+        column_noise.exponential_(generator=generator)
+        after.append(generator.get_state())
+    used = columns(*arrays, table, noise.numpy(), out)
+    if 0 < used < big_t:
+        generator.set_state(after[used - 1])
     return used
 
 
-def run(feeds: dict[str, np.ndarray], shape: ColumnShape) -> list[np.ndarray]:
-    """The ``rollout`` graph's outputs (``onnx_graph.rollout_graph``, in its order: last stop
-    log-probability, last active, then the scans tokens, token_lp, stop_lp, log_norm, active,
-    moves) for its feeds, computed by the compiled loop. Instead of the prompt's ``logits`` and
-    ``past_k{l}``, ``past_v{l}``, ``feeds`` may give ``prompt_ids`` [P], one prompt every row
-    shares (``positions`` then P, ``key_bias`` [n, P] of 0): its forward runs here, once."""
-    model = compiled_gpt2.weights(feeds, shape)
-    n, columns = len(feeds["positions"]), int(feeds["columns"])
-    shared = feeds.get("prompt_ids")
-    prompt = len(shared) if shared is not None else feeds["past_k0"].shape[2]
-    work = compiled_gpt2.work(shape, n, prompt + columns)
-    keys, values = compiled_gpt2.cache(shape, n, prompt + columns)
-    if shared is not None:
-        logits = np.empty((n, shape.vocab), np.float32)
-        shared_prompt(model, np.asarray(shared, np.int64), (keys, values), work, logits)
-    else:
-        logits = feeds["logits"].copy()
-        for layer in range(shape.n_layer):
-            keys[layer, ..., :prompt] = feeds[f"past_k{layer}"].transpose(0, 1, 3, 2)
-            values[layer, :, :, :prompt] = feeds[f"past_v{layer}"]
-    sub_ids = np.array(shape.sub_ids, dtype=np.int64)
-    rollout = (
-        logits,
-        np.ascontiguousarray(feeds["key_bias"]),
-        feeds["positions"],
-        feeds["temperature"],
-        feeds["noise"],
-        sub_ids,
+def _recorded(
+    policy, out: tuple, used: int, last_stop: np.ndarray, times: tuple[float, float, float]
+) -> Rollout:
+    """The ``Rollout`` of the scans' first ``used`` columns, on the policy's device, with each
+    row's ids and text; ``times``: the model's and the grammar's seconds and when the rollout
+    began."""
+    step_tokens, token_lp, stop_lp, _, active, moves, last_active, _ = out
+    big_t, n = step_tokens.shape
+    tokens = np.ascontiguousarray(step_tokens.T)
+    log_pf = np.where(moves, token_lp, 0.0).T.astype(np.float32)
+    log_pterm = np.zeros((n, big_t + 1), dtype=np.float32)
+    log_pterm[:, :big_t] = np.where(active, stop_lp, 0.0).T
+    length = np.full(n, big_t, dtype=np.int64)
+    if used:  # (T = 0: no column drawn)
+        stopped = (active & ~moves)[:used].T  # [n, used]: the column where each row stopped
+        length = np.where(stopped.any(axis=1), stopped.argmax(axis=1), big_t)
+    if used == big_t:
+        log_pterm[:, big_t] = np.where(last_active, last_stop, 0.0)
+    model_s, grammar_s, start = times
+    row_ids = [tuple(row[:tau]) for row, tau in zip(tokens.tolist(), length.tolist(), strict=True)]
+    device = policy.device
+    return Rollout(
+        torch.from_numpy(tokens).to(device),
+        torch.from_numpy(length.astype(np.int64)).to(device),
+        torch.from_numpy(np.ascontiguousarray(log_pf)).to(device),
+        torch.from_numpy(log_pterm).to(device),
+        [policy.row_text(row) for row in row_ids],
+        row_ids,
+        RolloutTimings(model_s, grammar_s, time.perf_counter() - start),
     )
-    scans = (
-        np.full((columns, n), int(feeds["pad"]), dtype=np.int64),
-        *(np.zeros((columns, n), np.float32) for _ in range(3)),
-        *(np.zeros((columns, n), bool) for _ in range(2)),
-    )
-    last_active, last_stop = np.ones(n, bool), np.zeros(n, np.float32)
-    used = _columns(
-        model,
-        (keys, values),
-        work,
-        rollout,
-        (int(feeds["min_length"]), columns),
-        (feeds["table_mask"], feeds["table_next"]),
-        (*scans, last_active, last_stop),
-    )
-    return [last_stop, last_active, *(scan[:used] for scan in scans)]

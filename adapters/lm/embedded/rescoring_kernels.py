@@ -111,7 +111,7 @@ def _affine_backward(
 
 @nb.njit(**_JIT)
 def _activate(u: np.ndarray, kind: int, out: np.ndarray, slope: np.ndarray) -> None:
-    """out = act(u) and slope = act'(u) elementwise (``compiled_gpt2.KINDS``; the tanh GELU with
+    """out = act(u) and slope = act'(u) elementwise (``weights.KINDS``; the tanh GELU with
     ``compiled_gpt2``'s tanh)."""
     rows, n = u.shape
     if kind == 0:

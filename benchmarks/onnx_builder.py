@@ -1,34 +1,24 @@
-"""GPT-2 in ONNX, the pieces every graph of it shares: the opset, the activations the graphs
-compute, the model's shape (``ModelShape``), its weights' names and shapes as
-``GPT2LMHeadModel.named_parameters`` gives them, and ``GraphBuilder``, which collects a graph's
-nodes, constants, inputs and outputs under unique names. The rollout's graphs
-(``onnx_graph``) and the rescoring benchmark's (``benchmarks/onnx_rescoring.py``) are built
-with them.
+"""GPT-2 in ONNX, the pieces the rescoring benchmark's graphs (``onnx_rescoring.py``) are built
+with: the opset, the model's shape (``ModelShape``), its weights' names and shapes as
+``GPT2LMHeadModel.named_parameters`` gives them, ``GraphBuilder``, which collects a graph's
+nodes, constants, inputs and outputs under unique names, and ``session``, an ONNX Runtime session
+of a graph. (The rollout's ONNX graphs, built with the same pieces, ran the embedded model's
+rollout on the CPU until the compiled rollout replaced them: adapters/lm/embedded/onnx_graph.py at
+b9cd778.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
+from raptb.adapters.lm.embedded.weights import ACTIVATIONS, BLOCK_PARTS
+
 OPSET = 20
 """ONNX's opset: ``Gelu`` with the tanh approximation (GPT-2's) is in 20."""
-
-ACTIVATIONS = {
-    "gelu_new": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu_fast": "gelu_tanh",
-    "gelu": "gelu",
-    "gelu_python": "gelu",
-    "relu": "relu",
-    "silu": "silu",
-    "swish": "silu",
-}
-"""transformers' ``activation_function`` names (``ACT2FN``) the graph computes, by the function
-each is: the tanh approximation (GPT-2's), the exact (erf) GELU, ReLU, x sigmoid(x). A model with
-another activation decodes on the eager path."""
 
 
 @dataclass(frozen=True)
@@ -43,24 +33,7 @@ class ModelShape:
     positions: int
     eps: float
     activation: str = "gelu_tanh"
-    """The MLP's activation, one of ``ACTIVATIONS``' values."""
-
-
-BLOCK_PARTS = (
-    "ln_1.weight",
-    "ln_1.bias",
-    "attn.c_attn.weight",
-    "attn.c_attn.bias",
-    "attn.c_proj.weight",
-    "attn.c_proj.bias",
-    "ln_2.weight",
-    "ln_2.bias",
-    "mlp.c_fc.weight",
-    "mlp.c_fc.bias",
-    "mlp.c_proj.weight",
-    "mlp.c_proj.bias",
-)
-"""A block's parameters, by their names under ``transformer.h.{layer}.``, in the graph's order."""
+    """The MLP's activation, one of ``weights.ACTIVATIONS``' values."""
 
 
 def weight_names(shape: ModelShape) -> list[str]:
@@ -177,3 +150,21 @@ def activation(b: GraphBuilder, kind: str, x: str) -> str:
     raise ValueError(
         f"activation: expected one of {sorted(set(ACTIVATIONS.values()))}, got {kind!r}"
     )
+
+
+def session(graph: bytes, threads: int, profile: str | None = None):
+    """An ONNX Runtime session of the serialised ``graph`` on the CPU: ``threads`` intra-op
+    threads that sleep rather than spin when idle, errors only in the log; ``profile``: a folder
+    for ONNX Runtime's profile of its calls."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 3  # errors only
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if profile is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(profile) / "onnx")
+    return ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
