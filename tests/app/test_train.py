@@ -432,5 +432,3 @@ def test_a_cpu_run_takes_adamws_fused_update(tmp_path: Path) -> None:
     """On a CPU, one process, AdamW's fused update (one C++ loop over the parameters)."""
     trainer = Trainer(small_config(steps=1), tmp_path, progress=False)
     assert trainer.optimizer.defaults["fused"] and not trainer.optimizer.defaults["foreach"]
-
-
