@@ -20,6 +20,7 @@ from raptb.app.evaluation.eval_run import checkpoint_policy
 from raptb.app.run_dir.checkpoint import latest_checkpoint
 from raptb.app.training.train import Trainer
 from tests.adapters.test_lora import TOKENIZER, _tiny_llama
+from tests.app.test_study_plan import STUDIES, plan
 
 torch.set_num_threads(1)
 
@@ -98,3 +99,18 @@ def test_the_embedded_model_refuses_bfloat16(tmp_path: Path) -> None:
         "error: model_dtype: 'bfloat16' is for a pretrained model; the embedded 'tiny' model's "
         "compiled CPU kernels are float32: drop --model_dtype (or set 'float32')"
     ]
+
+
+def test_the_bfloat16_study_is_the_float32_row_but_its_dtype() -> None:
+    """studies/pretrained_smiles_bf16.toml: pretrained_smiles.toml's RapTB + SubM runs, seed by
+    seed, with model_dtype = "bfloat16" the only difference."""
+    runs = plan(STUDIES / "pretrained_smiles_bf16.toml")
+    want = {
+        r.seed: r.config
+        for r in plan(STUDIES / "pretrained_smiles.toml")
+        if r.row == "RapTB + SubM"
+    }
+    assert sorted(r.seed for r in runs) == sorted(want) == [0, 1]
+    for run in runs:
+        assert run.config.model_dtype == "bfloat16"
+        assert run.config.model_copy(update={"model_dtype": "auto"}) == want[run.seed]
