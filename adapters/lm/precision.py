@@ -15,7 +15,7 @@ The logits themselves are rounded to bfloat16 by the head's product (8 bits of m
 near 20 is off by up to ~0.04), and the base weights are the float32 ones rounded once: the
 bfloat16 model is a slightly different policy, scored the same way by its rollout and its
 rescoring. torch.autocast with float32 weights was measured against it on SmolLM2 and not taken
-(docs/models.md, benchmarks/pretrained_step.md): it rounds the same weights at each product, casts
+(benchmarks/pretrained_step.md, "bfloat16"): it rounds the same weights at each product, casts
 them again at every forward, and its gradients were further from float32's.
 
 Refused on the CPU (ValueError, one line) where it cannot pay or cannot run: the embedded model
