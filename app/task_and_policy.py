@@ -15,9 +15,10 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from raptb.adapters.lm.decode_mode import DecodeMode
-from raptb.adapters.lm.lora import apply_lora, load_adapter_weights, preferred_dtype
+from raptb.adapters.lm.lora import apply_lora, load_adapter_weights
 from raptb.adapters.lm.models import load_model_and_tokenizer
 from raptb.adapters.lm.policy import HFPolicy, default_grammar_threads
+from raptb.adapters.lm.precision import ModelDtype, model_dtype
 from raptb.adapters.lm.tokens import legal_token_ids, stop_token_id
 from raptb.adapters.tasks.registry import task_spec
 from raptb.app.configuration.config import LoraConfig, TinyConfig, TrainConfig
@@ -41,9 +42,10 @@ def build_policy(
     device: torch.device | None = None,
     decode: DecodeMode = "auto",
     tiny: TinyConfig | None = None,
+    dtype: ModelDtype = "auto",
 ) -> HFPolicy:
     """The task's constrained policy on ``model_name`` ('tiny', 'smollm2-135m', a local directory
-    or an HF id), on the GPU when there is one (bf16 where supported).
+    or an HF id), on the GPU when there is one.
 
     lora: with ``lora.rank`` >= 1, the model is wrapped with LoRA adapters (adapters.lm.lora);
         ``adapter``, a folder written by ``save_pretrained``, then supplies their trained weights.
@@ -51,19 +53,21 @@ def build_policy(
         one, else the CPU.
     decode: the rollout's decoding path (``sampling.decode``; ``HFPolicy``).
     tiny: the embedded model's shape when ``model_name`` is 'tiny' (default: ``TinyConfig()``).
+    dtype: ``model_dtype``, resolved by ``adapters.lm.precision.model_dtype`` on ``device``
+        (ValueError where refused); the model's weights load in it, LoRA adapters in float32.
     """
     torch.manual_seed(seed)
     if device is None:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = preferred_dtype(device)
+    adapters = lora is not None and bool(lora.rank)
     model, tokenizer = load_model_and_tokenizer(
         model_name,
         seed=seed,
-        dtype=None if dtype == torch.float32 else dtype,
+        dtype=model_dtype(dtype, model_name, device, lora=adapters),
         tiny_shape=(tiny or TinyConfig()).shape(),
     )
     model = model.to(device)
-    if lora is not None and lora.rank:
+    if adapters:
         model = apply_lora(model, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout)
         if adapter is not None:
             load_adapter_weights(model, adapter)

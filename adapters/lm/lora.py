@@ -126,8 +126,8 @@ def load_adapter_weights(model: PeftModel, folder: Path | str) -> None:
 
 
 def preferred_dtype(device: torch.device) -> torch.dtype:
-    """bfloat16 on a CUDA device that supports it, float32 otherwise (CPU bf16 matmuls are slow
-    and imprecise for the log-prob differences the objectives take)."""
+    """bfloat16 on a CUDA device that supports it, float32 otherwise: ``model_dtype = "auto"``'s
+    choice (a CPU runs bfloat16 only when asked, ``adapters.lm.precision``)."""
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.bfloat16
     return torch.float32

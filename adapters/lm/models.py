@@ -127,10 +127,12 @@ def smollm2_gguf() -> tuple[Path, str]:
 
 def _load_smollm2(dtype: torch.dtype | None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     folder, gguf_file = smollm2_gguf()
-    kwargs = {} if dtype is None else {"dtype": dtype}
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, **kwargs)
+        # read in float32 and cast after: asked for another dtype, transformers warns that GGUF
+        # weights stay packed with float32 kernels, which does not hold for these de-quantized
+        # ones (plain Linear layers); the values are the same float32 numbers rounded once
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file)
     except ImportError as exc:  # transformers reads GGUF through the optional gguf package
         raise ValueError(
             f"model: reading {gguf_file} needs the gguf package ({exc}); install it with: "
@@ -144,7 +146,7 @@ def _load_smollm2(dtype: torch.dtype | None) -> tuple[PreTrainedModel, PreTraine
     model.quantization_method = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    return model, tokenizer
+    return (model if dtype is None else model.to(dtype)), tokenizer
 
 
 def load_model_and_tokenizer(

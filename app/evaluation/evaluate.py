@@ -168,7 +168,14 @@ def evaluate(
         reference = (
             policy
             if adapter
-            else build_policy(config.model, task, config.seed, device=dist.device, tiny=config.tiny)
+            else build_policy(
+                config.model,
+                task,
+                config.seed,
+                device=dist.device,
+                tiny=config.tiny,
+                dtype=config.model_dtype,
+            )
         )
         add_reference_pterm(rows, reference, adapter=adapter, batch_size=batch_size)
     drawn = {"seed": seed, "batch_size": batch_size, "temperature": temperature}

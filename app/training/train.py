@@ -28,6 +28,7 @@ import torch
 from rich.console import Console
 
 from raptb.adapters.lm.lora import is_peft_model
+from raptb.adapters.lm.precision import dtype_name
 from raptb.adapters.lm.threads import use_threads
 from raptb.adapters.tasks.registry import task_spec
 from raptb.app.configuration.config import TrainConfig
@@ -145,7 +146,11 @@ class Trainer:
             device=self.dist.device,
             decode=config.sampling.decode,
             tiny=config.tiny,
+            dtype=config.model_dtype,
         )
+        # config.toml records the dtype that runs ("auto" resolved on this device)
+        ran = dtype_name(self.policy.model.get_input_embeddings().weight.dtype)
+        self.cfg = config = config.model_copy(update={"model_dtype": ran})
         self.rewards = RewardCaller(
             self.task,
             workers=config.reward.workers,
