@@ -25,7 +25,7 @@ the token ids it was generated with, left-padded as TRL pads prompts.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence, Sized
+from collections.abc import Callable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,20 @@ from raptb.core.replay import ReplayBuffer, ReplayItem
 
 REPLAY_SCOPES = ("across_prompts", "per_prompt")
 """Where a replaced row's item may come from (module docstring)."""
+
+
+SimilarityFunc = Callable[[Sequence[str], Sequence[str]], Any]
+"""``f(texts_a, texts_b) -> [len(a), len(b)]`` similarities in [0, 1], symmetric."""
+
+
+class CallableSimilarity:
+    """``Similarity`` port (``core.ports``) over completion texts, from a plain callable."""
+
+    def __init__(self, func: SimilarityFunc) -> None:
+        self.func = func
+
+    def pairwise(self, a: Sequence[object], b: Sequence[object]) -> np.ndarray:
+        return np.asarray(self.func(list(a), list(b)), dtype=np.float64).reshape(len(a), len(b))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -59,7 +58,9 @@ from raptb.integrations.trl.prefix_rewards import (
     prefix_scores,
 )
 from raptb.integrations.trl.replay import (
+    CallableSimilarity,
     ReplayDraw,
+    SimilarityFunc,
     draw_replay,
     replay_items,
     replay_never_fires,
@@ -68,20 +69,6 @@ from raptb.integrations.trl.replay import (
     stored_u,
 )
 from raptb.integrations.trl.rewards import check_finite_rewards, summed_rewards
-
-SimilarityFunc = Callable[[Sequence[str], Sequence[str]], Any]
-"""``f(texts_a, texts_b) -> [len(a), len(b)]`` similarities in [0, 1], symmetric."""
-
-
-class CallableSimilarity:
-    """``Similarity`` port (``core.ports``) over completion texts, from a plain callable."""
-
-    def __init__(self, func: SimilarityFunc) -> None:
-        self.func = func
-
-    def pairwise(self, a: Sequence[object], b: Sequence[object]) -> np.ndarray:
-        return np.asarray(self.func(list(a), list(b)), dtype=np.float64).reshape(len(a), len(b))
-
 
 COLOCATE_ON_CPU = (
     "GFlowNetTrainer: use_vllm with vllm_mode='colocate' does not train on vLLM's CPU build "
