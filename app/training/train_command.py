@@ -261,7 +261,7 @@ def train_command(
                 )
     try:
         # the run's own config.toml read as its record (keys removed since are dropped)
-        cfg = build_config(config, overrides, recorded=config is recorded)
+        cfg = build_config(config, overrides, recorded=recorded is not None and config is recorded)
     except ConfigError as exc:
         raise _fail(str(exc)) from None
     run_dir = out or Path("runs") / f"{cfg.task}-{cfg.loss}-{cfg.replay.kind}-s{cfg.seed}"
