@@ -104,6 +104,9 @@ def resumed_config(run_dir: Path, config: TrainConfig) -> TrainConfig:
     if config.schedule_steps is None:
         # runs saved before the horizon was recorded ran their schedules over their steps
         config = with_horizon(config, saved.schedule_horizon)
+    if config.model_dtype == "auto":
+        # a run records the dtype "auto" resolved to; it continues in it
+        config = config.model_copy(update={"model_dtype": saved.model_dtype})
     # compared as recorded: a field no part of the run reads is not recorded, nor compared
     old = _flatten(recorded_data(with_horizon(saved, saved.schedule_horizon)))
     new = _flatten(recorded_data(config))

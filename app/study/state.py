@@ -68,6 +68,8 @@ def config_difference(planned: TrainConfig, run_dir: Path, name: str = "config.t
     except ConfigError as exc:
         return f"its {name} is unreadable ({exc})"
     want, have = _comparable(planned), _comparable(saved)
+    if planned.model_dtype == "auto":
+        want.pop("model_dtype", None)  # a run records the dtype "auto" resolved to
     for path, value in _leaves(want):
         found = _get(have, path)
         if found != value:

@@ -139,13 +139,15 @@ def test_bfloat16_stays_within_its_tolerance_of_float32(shape: str, seed: int, r
 
 @pytest.mark.parametrize("shape", sorted(MODELS))
 def test_bfloat16_log_probs_are_the_float32_log_softmax_of_its_logits(shape: str) -> None:
-    """The model's own forward (shared prompts off), its bfloat16 logits caught at the head: the
-    policy's log-probabilities are their log-softmax in float64 within float32 rounding (a
+    """The model's own forward (the path a sharded model takes), its bfloat16 logits caught at the
+    head: the policy's log-probabilities are their log-softmax in float64 within float32 rounding (a
     log-softmax left in bfloat16 is off by ~|log p| 2**-9, ~0.01 here)."""
     _, half = _pair(shape, 7)
     policy = _policy(half)
-    policy.shared_prompts = False
     rollout = policy.sample(PROMPT, 4, min_length=2, max_length=MAX_LENGTH)
+    # a lock-step hook marks the model sharded: the rescoring runs transformers' own forward of
+    # every row (adapters/lm/rescoring.path_of), whose head's logits the hook below catches whole
+    policy.step_together = lambda stopped: stopped
     caught: list[torch.Tensor] = []
     head = half.get_base_model().get_output_embeddings()
     hook = head.register_forward_hook(lambda _m, _i, out: caught.append(out.detach()))
