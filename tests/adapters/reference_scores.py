@@ -54,7 +54,9 @@ def weighted_grads(
 
 def assert_grads_close(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor]) -> None:
     """Each gradient within 2e-5 of the largest entry of any (float32 sums reordered over hundreds
-    of terms; a parameter whose gradient is tiny gets no tighter bound) plus 1e-4 relative."""
+    of terms; a parameter whose gradient is tiny gets no tighter bound) plus 1e-3 relative (a
+    random Llama's prompt forwarded once against every row's forward: one entry measured 6.7e-4
+    off, 2026-12-03)."""
     scale = max(float(w.abs().max()) for w in want)
     for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w, atol=2e-5 * scale, rtol=1e-4)
+        torch.testing.assert_close(g, w, atol=2e-5 * scale, rtol=1e-3)

@@ -161,7 +161,10 @@ def _assert_equivalent(one: Path, two: Path, lora: int) -> None:
         )
     for rank in ranks:
         for name, grad in reference["grads"].items():
-            torch.testing.assert_close(rank["grads"][name], grad, rtol=1e-4, atol=1e-5)
+            # one rank rescores by the embedded model's compiled path, the sharded ranks by
+            # transformers' forward: float rounding of two computations (1.8e-5 measured); a wrong
+            # average over ranks is off by the gradient itself
+            torch.testing.assert_close(rank["grads"][name], grad, rtol=1e-3, atol=5e-5)
             sure = grad.abs() > 1e-4  # see test_distributed: AdamW's first step amplifies noise
             # (LoRA's A matrices have a zero gradient at the first step, B being 0)
             assert sure.any() or (lora and not grad.any()), name
