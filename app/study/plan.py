@@ -145,7 +145,8 @@ def plan_study(spec: StudySpec, source: str) -> list[PlannedRun]:
 
 def select_runs(runs: list[PlannedRun], only: list[str]) -> list[PlannedRun]:
     """Runs matching any of the ``only`` items; an item is ``KEY=VALUE[,KEY=VALUE...]`` (all
-    must match), KEY an axis path, "row" or "seed". No item: every run.
+    must match), KEY an axis path, "row" or "seed"; a VALUE may hold commas (a row named
+    "FlowRL, 5,000 steps") where no ``KEY=`` follows them. No item: every run.
 
     Raises:
         StudyError: a malformed item, or one that selects no run.
@@ -155,7 +156,8 @@ def select_runs(runs: list[PlannedRun], only: list[str]) -> list[PlannedRun]:
     chosen: set[str] = set()
     for item in only:
         wanted: dict[str, str] = {}
-        for part in (p.strip() for p in item.split(",")):
+        # a comma starts a new KEY=VALUE only where one follows: a row's name may hold commas
+        for part in (p.strip() for p in re.split(r",(?=\s*[\w.]+\s*=)", item)):
             key, sep, value = part.partition("=")
             if not sep or not key.strip():
                 raise StudyError(f"--only: '{item}' is not KEY=VALUE[,KEY=VALUE...]")

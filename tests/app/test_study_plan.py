@@ -78,6 +78,16 @@ def test_only_selects_cells_and_rejects_unknown():
             select_runs(runs, [bad])
 
 
+def test_only_selects_a_row_whose_name_holds_commas():
+    runs = plan(STUDIES / "horizon_5000_ips_flowrl.toml")
+    chosen = select_runs(runs, ["row=FlowRL, 5,000 steps", "row=IPS-GRPO, 5,000 steps,seed=0"])
+    assert [r.name for r in chosen if r.row.startswith("FlowRL")] == [
+        r.name for r in runs if r.row == "FlowRL, 5,000 steps"
+    ]
+    assert len(chosen) == 6
+    assert [r.seed for r in chosen if r.row.startswith("IPS")] == [0]
+
+
 def test_rows_extra_cells_and_both_spellings_of_a_dotted_path(tmp_path):
     write(tmp_path / "base.toml", "steps = 3\n[optim]\nbatch_size = 4\n")
     path = write(
