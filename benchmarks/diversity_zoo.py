@@ -3,7 +3,8 @@ solution set and its uniformity over it, from the committed runs of the diversit
 
 Usage (from the repository root):
 
-    python benchmarks/diversity_zoo.py [--runs benchmarks/results/diversity_zoo/runs.csv ...]
+    python benchmarks/diversity_zoo.py [--runs benchmarks/results/diversity_zoo/runs.csv
+        benchmarks/results/diversity_zoo_ips_flowrl/runs.csv ...]
         [--out benchmarks/results/diversity_zoo]
 
 Reads the per-run values ``raptb study`` wrote (``runs.csv``: ``exact.acc`` = pi(Y*),
@@ -49,6 +50,9 @@ COLUMNS = (  # (runs.csv key, table header, decimals)
 )
 PAPER = {"RapTB + SubM (paper)": (0.994, 1337.3), "TB + RP (paper)": (1.000, 5.3)}
 TARGET = {"target": (1.0, 6136.1, 1.0)}
+STUDIES = ("diversity_zoo", "diversity_zoo_ips_flowrl")
+"""The studies at the comparison's setting (1500 steps, seeds 0-4): the field, then IPS-GRPO and
+FlowRL (a row that has no runs yet is left out)."""
 
 
 def interval(values: list[float]) -> tuple[float, float]:
@@ -136,17 +140,18 @@ def plot(rows: dict[str, dict[str, list[float]]], out: Path) -> None:
     colours = plt.get_cmap("tab10")
     keys = ("exact.expected_distinct.6400", "exact.uniformity")
     for i, (name, metrics) in enumerate(rows.items()):
-        colour = colours(i % 10)
+        colour, marker = colours(i % 10), "os^"[i // 10 % 3]  # past ten methods, a new shape
         acc = metrics["exact.acc"]
         for ax, key in zip(axes, keys, strict=True):
             xs = metrics.get(key, [])
             if not xs:
                 continue
-            ax.scatter(xs, acc, s=14, color=colour, alpha=0.45)
+            ax.scatter(xs, acc, s=14, color=colour, marker=marker, alpha=0.45)
             ax.scatter(
                 statistics.fmean(xs),
                 statistics.fmean(acc),
                 s=70,
+                marker=marker,
                 color=colour,
                 edgecolor="black",
                 label=name if key == keys[0] else None,
@@ -174,7 +179,13 @@ def plot(rows: dict[str, dict[str, list[float]]], out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--runs", nargs="+", type=Path, default=[RESULTS / "diversity_zoo" / "runs.csv"]
+        "--runs",
+        nargs="+",
+        type=Path,
+        default=[RESULTS / study / "runs.csv" for study in STUDIES],
+        help="runs.csv files, pooled by row (default: "
+        + " and ".join(f"benchmarks/results/{study}/runs.csv" for study in STUDIES)
+        + ")",
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "diversity_zoo")
     parser.add_argument(

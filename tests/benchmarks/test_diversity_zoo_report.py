@@ -38,3 +38,12 @@ def test_unseen_runs_against_the_comparison(zoo, tmp_path):
     assert "(out)" not in inside and inside.count("(in)") == 6
     assert outside.count("(out)") == 6  # far outside both intervals on every metric
     assert "not in the comparison" in missing
+
+
+def test_the_committed_frontier_table_is_that_of_every_default_study(zoo):
+    """frontier.md holds each study's rows (rerun ``python benchmarks/diversity_zoo.py`` after
+    adding runs to one of them)."""
+    paths = [zoo.RESULTS / study / "runs.csv" for study in zoo.STUDIES]
+    rows = zoo.by_row(paths)
+    assert {"RapTB + SubM", "G2RPO", "IPS-GRPO"} <= set(rows)
+    assert (zoo.RESULTS / "diversity_zoo" / "frontier.md").read_text() == zoo.table(rows)

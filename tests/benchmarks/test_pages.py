@@ -3,11 +3,14 @@ and docs/layout.md names every module the package holds."""
 
 from __future__ import annotations
 
+import csv
 import math
 import re
+import statistics
 from pathlib import Path
 
 import pytest
+from scipy import stats
 
 from tests.benchmarks import load_script
 
@@ -93,3 +96,87 @@ def test_docs_layout_names_every_module_of_a_layer_and_no_other(layer):
     )
     assert gone == [], f"docs/layout.md names modules that {layer}/ does not hold"
     assert missing == [], f"docs/layout.md omits these modules of {layer}/"
+
+
+def _field_rows(table: str) -> dict[str, list[str]]:
+    """The field table's cells by method (its first column), from its markdown lines."""
+    rows = {}
+    for line in table.splitlines()[2:]:
+        cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+def _t_cell(values: list[float], decimals: int) -> str:
+    """Mean ± half-width of scipy's 95% t-interval, formatted as the page's cells."""
+    low, high = stats.t.interval(0.95, len(values) - 1, loc=0.0, scale=stats.sem(values))
+    return f"{statistics.fmean(values):,.{decimals}f} ± {(high - low) / 2:,.{decimals}f}"
+
+
+def _values(study: str, row: str, key: str) -> list[float]:
+    with (ROOT / "benchmarks" / "results" / study / "runs.csv").open(newline="") as handle:
+        return [float(run[key]) for run in csv.DictReader(handle) if run["row"] == row]
+
+
+def test_the_field_table_by_an_independent_computation():
+    page = (ROOT / "docs" / "rl-baselines.md").read_text()
+    block = re.search(r"<!-- gen:field-table -->\n(.*?)<!-- /gen", page, re.DOTALL).group(1)
+    rows = _field_rows(block)
+    acc, distinct = "exact.acc", "exact.expected_distinct.6400"
+    tb = rows["TB + RP"]
+    assert tb[0] == '`diversity_zoo` "TB + RP" seeds 0-4'
+    assert tb[1] == _t_cell(_values("diversity_zoo", "TB + RP", acc), 3)
+    assert tb[2] == _t_cell(_values("diversity_zoo", "TB + RP", distinct), 0)
+    ten = {
+        key: _values("diversity_zoo", "G2RPO", key) + _values("diversity_zoo_g2rpo", "G2RPO", key)
+        for key in (acc, distinct)
+    }
+    g2rpo = rows["G²RPO over ten seeds"]
+    assert g2rpo[0] == '`diversity_zoo` "G2RPO" seeds 0-4 + `diversity_zoo_g2rpo` "G2RPO" seeds 5-9'
+    assert g2rpo[1] == _t_cell(ten[acc], 3)
+    # its coverage's interval is wider than half its mean: the seeds' range follows
+    low, high = min(ten[distinct]), max(ten[distinct])
+    assert g2rpo[2] == f"{_t_cell(ten[distinct], 0)} (seeds: {low:,.0f}-{high:,.0f})"
+
+
+def _study(results: Path, study: str, runs: list[tuple[str, int, float, float]]) -> None:
+    """A runs.csv of (row, seed, exact Acc, E[distinct]) with fixed other columns."""
+    (results / study).mkdir(parents=True)
+    head = "row,seed,exact.acc,exact.expected_distinct.6400,exact.uniformity,"
+    head += "exact.active_modes.90,exact.kl_target_pi,wall_seconds,n_solutions\n"
+    lines = [
+        f'"{r}",{s},{a},{d},0.5,{round(d)},{20 + s / 10},{100 + s},10\n' for r, s, a, d in runs
+    ]
+    (results / study / "runs.csv").write_text(head + "".join(lines))
+
+
+def test_a_row_without_runs_is_left_out_and_the_bold_follows_its_rule(pages, tmp_path):
+    three = (0, 1, 2)
+    _study(
+        tmp_path,
+        "diversity_zoo",
+        [("ours", s, 0.8, 100.0 + s) for s in three]
+        + [("narrow", s, 0.99, 2.0) for s in three]  # the most accurate, but narrower than ours
+        + [("broad", s, 0.90 + s / 100, 300.0) for s in three]  # broader than ours: bold
+        + [("broader", s, 0.85, 900.0) for s in three]  # broader still, less accurate
+        + [("diverged", s, 0.05 if s == 2 else 0.95, 50.0) for s in three],
+    )
+    _study(tmp_path, "diversity_zoo_ips_flowrl", [("IPS-GRPO", s, 0.99, 1.0) for s in three])
+    runs = pages.Runs
+    names = ("ours", "narrow", "broad", "broader", "diverged")
+    rows = [(name, (runs("diversity_zoo", name),)) for name in names] + [
+        ("IPS-GRPO", (runs("diversity_zoo_ips_flowrl", "IPS-GRPO"),)),
+        ("FlowRL", (runs("diversity_zoo_ips_flowrl", "FlowRL"),)),
+    ]
+    table = _field_rows(pages.field_table(rows, tmp_path))
+    assert list(table) == [*names, "IPS-GRPO", "target (uniform over the 10)"]
+    assert [name for name, cells in table.items() if "**" in "".join(cells)] == ["broad"]
+    assert table["broad"][1] == "**0.910 ± 0.025**"  # 0.90, 0.91, 0.92: t_{2} 4.303 x 0.01 / √3
+    assert table["ours"][1:3] == ["0.800", "101 ± 2"]  # a zero half-width is left out
+    # a seed below exact Acc 0.1: every cell whose seeds differ shows their range
+    assert table["diverged"][1] == "0.650 ± 1.291 (seeds: 0.050-0.950)"
+    assert table["diverged"][2] == "50"
+    assert table["diverged"][5] == "20.1 ± 0.2 (seeds: 20.0-20.2)"  # narrow, but a seed diverged
+    assert table["ours"][5] == "20.1 ± 0.2"
+    # uniform over 10 solutions: E[distinct] in 6,400 draws 10 (1 - 0.9^6400), 9 hold 90%
+    assert table["target (uniform over the 10)"][:6] == ["", "1", "10", "1", "9", "0"]
