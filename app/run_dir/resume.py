@@ -17,10 +17,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from raptb.app.configuration.config import TrainConfig, load_config, recorded_data
+from raptb.app.configuration.config import TrainConfig
+from raptb.app.configuration.record import recorded_data
 from raptb.app.run_dir.checkpoint import checkpoint_dir
 from raptb.app.run_dir.eval_folder import eval_dir
-from raptb.app.run_dir.run_config import CONFIG_FILE
+from raptb.app.run_dir.run_config import CONFIG_FILE, load_config
 from raptb.app.run_dir.run_log import log_path
 from raptb.app.run_dir.trackers import tracker_dirs
 

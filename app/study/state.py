@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raptb.app.configuration.config import ConfigError, TrainConfig, load_config, recorded_data
+from raptb.app.configuration.config import ConfigError, TrainConfig
+from raptb.app.configuration.record import recorded_data
 from raptb.app.run_dir.checkpoint import checkpoint_step, latest_checkpoint
+from raptb.app.run_dir.run_config import load_config
 from raptb.app.run_dir.run_lock import lock_holder
 
 METRICS = Path("eval") / "metrics.json"
