@@ -21,14 +21,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Any
 
-import tomli_w
-from pydantic import (
-    Field,
-    ValidationError,
-    create_model,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ValidationError, create_model, field_validator, model_validator
 
 from raptb.adapters.lm.precision import ModelDtype
 from raptb.adapters.tasks.registry import TaskOptions, task_names, task_spec
@@ -403,28 +396,3 @@ def build_config(
         return config_model().model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_error(exc)) from None
-
-
-def recorded_data(config: TrainConfig) -> dict[str, Any]:
-    """What a run records of ``config`` (None values are omitted: they mean "default"), what the
-    run reads: its ``[replay]`` section the options its buffer kind reads
-    (app.configuration.buffer_defaults), ``[rl]`` only for an RL loss, ``[tiny]`` only for the
-    embedded model. Loaded back, it runs the same (what it leaves out is read by nothing); two
-    configurations make the same run when their records are equal."""
-    data = config.model_dump(mode="json", exclude_none=True)
-    data["replay"] = buffer_defaults.recorded(data["replay"])
-    if config.loss_entry.section != "rl":
-        data.pop("rl", None)
-    if config.model != "tiny":
-        data.pop("tiny", None)
-    return data
-
-
-def config_toml(config: TrainConfig) -> str:
-    """``config`` as TOML: :func:`recorded_data`."""
-    return tomli_w.dumps(recorded_data(config))
-
-
-def load_config(path: Path) -> TrainConfig:
-    """The configuration a run recorded in ``path`` (its config.toml)."""
-    return build_config(path, recorded=True)

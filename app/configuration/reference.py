@@ -22,10 +22,10 @@ from raptb.app.configuration.config import (
     TINY_PRESET,
     TrainConfig,
     build_config,
-    config_toml,
     task_presets,
 )
 from raptb.app.configuration.losses import LOSSES
+from raptb.app.configuration.record import config_toml
 
 TABLE_START = "<!-- config-reference:start -->"
 TABLE_END = "<!-- config-reference:end -->"

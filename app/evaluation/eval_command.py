@@ -63,13 +63,13 @@ def eval_command(
     Outputs go to RUN_DIR/eval/: samples.jsonl, metrics.json and PNG plots.
     """
     # the evaluation itself (torch, the model, the plots) is imported when the command runs
-    from raptb.app.configuration.config import ConfigError, load_config
+    from raptb.app.configuration.config import ConfigError
     from raptb.app.distribution.distributed import dist_rank, leave_process_group
     from raptb.app.evaluation.eval_run import METRICS_FILE, EvalError
     from raptb.app.evaluation.evaluate import evaluate
     from raptb.app.evaluation.exact_eval import exact_command
     from raptb.app.run_dir.eval_folder import eval_dir
-    from raptb.app.run_dir.run_config import CONFIG_FILE
+    from raptb.app.run_dir.run_config import CONFIG_FILE, load_config
 
     if exact:
         return exact_command(run_dir, json_output=json_output)

@@ -11,9 +11,9 @@ import torch
 
 from raptb.adapters.lm.lora import is_adapter_folder
 from raptb.adapters.lm.policy import HFPolicy
-from raptb.app.configuration.config import TrainConfig, load_config
+from raptb.app.configuration.config import TrainConfig
 from raptb.app.run_dir.checkpoint import MODEL_DIR, CheckpointError, newest_usable
-from raptb.app.run_dir.run_config import CONFIG_FILE
+from raptb.app.run_dir.run_config import CONFIG_FILE, load_config
 from raptb.app.task_and_policy import build_policy
 from raptb.core.ports import Task
 

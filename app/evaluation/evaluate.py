@@ -47,7 +47,7 @@ from typing import Any
 
 from raptb.adapters.lm.threads import use_threads
 from raptb.adapters.tasks.registry import TaskSpec, task_spec
-from raptb.app.configuration.config import TrainConfig, load_config
+from raptb.app.configuration.config import TrainConfig
 from raptb.app.distribution.distributed import DistContext
 from raptb.app.evaluation.eval_defaults import DEFAULT_BATCH_SIZE
 from raptb.app.evaluation.eval_run import (
@@ -72,7 +72,7 @@ from raptb.app.reward.schedule import RewardSchedule
 from raptb.app.run_dir.checkpoint import checkpoint_step
 from raptb.app.run_dir.durable import write_atomically
 from raptb.app.run_dir.eval_folder import eval_dir
-from raptb.app.run_dir.run_config import CONFIG_FILE
+from raptb.app.run_dir.run_config import CONFIG_FILE, load_config
 from raptb.app.run_dir.run_log import log_path
 from raptb.app.run_dir.trackers import Trackers
 from raptb.app.task_and_policy import build_policy, build_task

@@ -17,10 +17,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from raptb.app.configuration.config import TrainConfig, load_config, recorded_data
+from raptb.app.configuration.config import TrainConfig
+from raptb.app.configuration.record import recorded_data, resolved_as
 from raptb.app.run_dir.checkpoint import checkpoint_dir
 from raptb.app.run_dir.eval_folder import eval_dir
-from raptb.app.run_dir.run_config import CONFIG_FILE
+from raptb.app.run_dir.run_config import CONFIG_FILE, load_config
 from raptb.app.run_dir.run_log import log_path
 from raptb.app.run_dir.trackers import tracker_dirs
 
@@ -104,9 +105,7 @@ def resumed_config(run_dir: Path, config: TrainConfig) -> TrainConfig:
     if config.schedule_steps is None:
         # runs saved before the horizon was recorded ran their schedules over their steps
         config = with_horizon(config, saved.schedule_horizon)
-    if config.model_dtype == "auto":
-        # a run records the dtype "auto" resolved to; it continues in it
-        config = config.model_copy(update={"model_dtype": saved.model_dtype})
+    config = resolved_as(config, saved)  # "auto" continues in the dtype the run resolved it to
     # compared as recorded: a field no part of the run reads is not recorded, nor compared
     old = _flatten(recorded_data(with_horizon(saved, saved.schedule_horizon)))
     new = _flatten(recorded_data(config))

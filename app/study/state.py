@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raptb.app.configuration.config import ConfigError, TrainConfig, load_config, recorded_data
+from raptb.app.configuration.config import ConfigError, TrainConfig
+from raptb.app.configuration.record import recorded_data, resolved_as
 from raptb.app.run_dir.checkpoint import checkpoint_step, latest_checkpoint
+from raptb.app.run_dir.run_config import load_config
 from raptb.app.run_dir.run_lock import lock_holder
 
 METRICS = Path("eval") / "metrics.json"
@@ -67,9 +69,7 @@ def config_difference(planned: TrainConfig, run_dir: Path, name: str = "config.t
         saved = load_config(run_dir / name)
     except ConfigError as exc:
         return f"its {name} is unreadable ({exc})"
-    want, have = _comparable(planned), _comparable(saved)
-    if planned.model_dtype == "auto":
-        want.pop("model_dtype", None)  # a run records the dtype "auto" resolved to
+    want, have = _comparable(resolved_as(planned, saved)), _comparable(saved)
     for path, value in _leaves(want):
         found = _get(have, path)
         if found != value:

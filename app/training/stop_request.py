@@ -16,6 +16,9 @@ action is not put back until the window has passed (a repeat inside it is still 
 process exits with 143 as it means to instead of dying of the repeat. Python's own shutdown puts
 the default action back, so ``raptb train`` ignores SIGTERM once it is exiting with 143
 (app.training.train_command).
+
+A run also stops once its ``time_limit`` has passed (``stop_at_time_limit``, after a step), and
+every rank of a multi-process run ends as the run does (``agree``).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from time import monotonic
 from typing import Any
 
 from rich.console import Console
@@ -35,10 +39,23 @@ REPEAT_WINDOW = 10.0
 
 class StopRequest:
     """Whether the run was asked to stop after the current step, by which signal if any, and
-    why (``reason``: the signal's name, "time limit", or None for a plain ``request()``)."""
+    why (``reason``: the signal's name, "time limit", or None for a plain ``request()``).
 
-    def __init__(self, console: Console) -> None:
+    ``time_limit``: minutes from ``started`` (a ``time.monotonic()`` reading) after which the run
+    stops, None for no limit; ``speaks``: whether this process says so (rank 0 of a run)."""
+
+    def __init__(
+        self,
+        console: Console,
+        time_limit: float | None = None,
+        started: float = 0.0,
+        *,
+        speaks: bool = True,
+    ) -> None:
         self.console = console
+        self.time_limit = time_limit
+        self.started = started
+        self.speaks = speaks
         self.requested = False
         self.signum: int | None = None
         self.reason: str | None = None
@@ -49,6 +66,31 @@ class StopRequest:
         self.requested = True
         if self.reason is None:
             self.reason = reason
+
+    def stop_at_time_limit(self, step: int) -> None:
+        """Request a stop, reason "time limit", once ``time_limit`` minutes have passed since
+        ``started`` (said once, after step ``step``); nothing when a stop is already requested."""
+        limit = self.time_limit
+        if limit is None or self.requested or monotonic() - self.started < limit * 60:
+            return
+        if self.speaks:
+            self.console.print(
+                f"time limit: {limit:g} min passed; checkpointing after step {step} and stopping",
+                style="yellow",
+                markup=False,
+                highlight=False,
+            )
+        self.request("time limit")
+
+    def agree(self, all_gather: Callable[[Any], list[Any]]) -> None:
+        """Every rank ends as the run does (``all_gather``: each rank's object, in rank order):
+        one stopped by another rank's SIGTERM exits 143 too (SIGTERM over SIGINT where ranks got
+        different signals), and says why (a time limit one rank reached first)."""
+        states = all_gather((self.requested, self.signum, self.reason))
+        self.requested = any(requested for requested, _, _ in states)
+        self.signum = max((signum for _, signum, _ in states if signum), default=None)
+        if self.reason is None:
+            self.reason = next((why for _, _, why in states if why), None)
 
     @contextmanager
     def catching_signals(self) -> Iterator[None]:

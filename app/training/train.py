@@ -210,7 +210,9 @@ class Trainer:
         if self.dist.rank:
             torch.manual_seed(self.sampling_seed)
         self.generator = torch.Generator(device=self.policy.device).manual_seed(self.sampling_seed)
-        self.stop = StopRequest(self.console)
+        self.stop = StopRequest(
+            self.console, config.time_limit, self.started, speaks=self.dist.is_main
+        )
         if checkpoint is not None:
             load_trainer_state(self, checkpoint)
 
@@ -357,36 +359,12 @@ class Trainer:
                     bar.console.print(said)
                 if self.step % cfg.checkpoint_every == 0 or self.step == end:
                     checkpoint = self.save_checkpoint()
-                if self.step < end and self._time_is_up():
-                    self.stop.request("time limit")
-        # every rank ends as the run does: one stopped by another rank's SIGTERM exits 143 too
-        # (SIGTERM over SIGINT where ranks got different signals), and says why (a time limit
-        # one rank reached first)
-        states = self.dist.all_gather_object(
-            (self.stop.requested, self.stop.signum, self.stop.reason)
-        )
-        self.stop.requested = any(requested for requested, _, _ in states)
-        self.stop.signum = max((signum for _, signum, _ in states if signum), default=None)
-        if self.stop.reason is None:
-            self.stop.reason = next((why for _, _, why in states if why), None)
+                if self.step < end:
+                    self.stop.stop_at_time_limit(self.step)
+        self.stop.agree(self.dist.all_gather_object)
         if self.stop.requested and (checkpoint is None or self.step % cfg.checkpoint_every):
             checkpoint = self.save_checkpoint()
         return checkpoint
-
-    def _time_is_up(self) -> bool:
-        """Whether ``time_limit`` minutes have passed since the trainer was built (said once)."""
-        limit = self.cfg.time_limit
-        if limit is None or self.stop.requested or monotonic() - self.started < limit * 60:
-            return False
-        if self.dist.is_main:
-            self.console.print(
-                f"time limit: {limit:g} min passed; checkpointing after step {self.step} and "
-                "stopping",
-                style="yellow",
-                markup=False,
-                highlight=False,
-            )
-        return True
 
     def _log_file(self) -> AbstractContextManager[IO[str] | None]:
         """metrics.jsonl opened for appending on rank 0; nothing on the other ranks."""

@@ -12,7 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from raptb.app.cli import app
-from raptb.app.configuration.config import ConfigError, build_config, config_toml, load_config
+from raptb.app.configuration.config import ConfigError, build_config
+from raptb.app.configuration.record import config_toml
+from raptb.app.run_dir.run_config import load_config
 from raptb.app.training.train import Trainer
 
 OVERRIDES = {

@@ -15,9 +15,10 @@ from typer.testing import CliRunner
 
 from raptb.adapters.lm import precision
 from raptb.app.cli import app
-from raptb.app.configuration.config import build_config, load_config
+from raptb.app.configuration.config import build_config
 from raptb.app.evaluation.eval_run import checkpoint_policy
 from raptb.app.run_dir.checkpoint import latest_checkpoint
+from raptb.app.run_dir.run_config import load_config
 from raptb.app.training.train import Trainer
 from tests.adapters.test_lora import TOKENIZER, _tiny_llama
 from tests.app.test_study_plan import STUDIES, plan

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from raptb.adapters.lm.models import SMOLLM2
 from raptb.app.cli import app
-from raptb.app.configuration.config import config_toml
+from raptb.app.configuration.record import config_toml
 from raptb.app.training import train
 from raptb.app.training.train import TrainResult
 from raptb.app.training.train_command import FIELDS_PANEL, OTHER_FLAGS_PANEL

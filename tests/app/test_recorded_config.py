@@ -28,7 +28,6 @@ from raptb.app.configuration.config import (
     ConfigError,
     TrainConfig,
     build_config,
-    load_config,
     task_presets,
 )
 from raptb.app.configuration.losses import (
@@ -38,7 +37,7 @@ from raptb.app.configuration.losses import (
     ON_POLICY,
     Loss,
 )
-from raptb.app.run_dir.run_config import save_config
+from raptb.app.run_dir.run_config import load_config, save_config
 from raptb.app.training.gflownet.replay_setup import build_buffer
 from raptb.core.gfn.objectives import RapTB
 from raptb.core.metrics import sequence_metrics

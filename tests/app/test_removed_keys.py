@@ -10,9 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from raptb.app.cli import app
-from raptb.app.configuration.config import ConfigError, build_config, config_toml, load_config
+from raptb.app.configuration.config import ConfigError, build_config
+from raptb.app.configuration.record import config_toml
 from raptb.app.configuration.removed_keys import REMOVED
 from raptb.app.configuration.sections import OptimConfig
+from raptb.app.run_dir.run_config import load_config
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 

@@ -380,14 +380,16 @@ def test_the_embedded_model_trains_on_one_thread_unless_told(tmp_path, monkeypat
 
 
 def _fake_clock(monkeypatch, seconds_per_call: float) -> None:
-    """The trainer's clock advances ``seconds_per_call`` at each reading."""
+    """The clock of the trainer and of its time limit advances ``seconds_per_call`` at each
+    reading."""
     now = [0.0]
 
     def clock() -> float:
         now[0] += seconds_per_call
         return now[0]
 
-    monkeypatch.setattr("raptb.app.training.train.monotonic", clock)
+    for module in ("train", "stop_request"):
+        monkeypatch.setattr(f"raptb.app.training.{module}.monotonic", clock)
 
 
 def test_time_limit_checkpoints_and_resume_continues_exactly(tmp_path, monkeypatch):
