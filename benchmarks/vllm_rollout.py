@@ -13,7 +13,8 @@ count is its own process (the script prints the torch threads before and after t
 For each task and number of rows, the two paths alternate on the same policy, one rollout each per
 repeat (after one untimed warm-up each), so both see the same machine load. Per path: median ms per
 rollout, generated tokens per second (the rows' tokens over the median), and for vLLM the share of
-the rollout spent in the engine (the rest is the trainer's rescoring of the record). Also timed:
+the rollout spent in the engine's ``generate`` (the rest builds the record from vLLM's
+log-probabilities, and the prompts' ids). Also timed:
 one weight sync after a change of every LoRA tensor (``VLLMEngine.sync``) and the engine's start.
 ``--json FILE`` appends the records to the list in FILE.
 """

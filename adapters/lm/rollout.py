@@ -156,7 +156,7 @@ def sample_rollout(
     The policy's ``decode_path`` "static" hands the rollout to ``static_rollout`` (same
     rollouts, static shapes, CUDA graphs on a GPU), "compiled" to ``compiled_rollout`` (the same
     rollouts up to float rounding, compiled by Numba), "vllm" to ``vllm_rollout``
-    (the rows drawn by a vLLM engine, the record rescored by the policy)."""
+    (the rows drawn by a vLLM engine, the record vLLM's raw log-probabilities)."""
     path = policy.decode_path
     if path == "vllm":
         return vllm_rollout(policy, prompt, n, min_length, max_length, temperature, generator)

@@ -8,10 +8,19 @@ EBNF), ``min_tokens`` = min_length, ``max_tokens`` = max_length, the stop token 
 the same rows. The prompt ids are the policy's (``prompt_ids``), so vLLM decodes from the same
 tokens as the trainer.
 
-The recorded ``log_pf`` and ``log_pterm`` are the trainer's: the rows are rescored by the policy's
-teacher-forced forward (``HFPolicy.score`` without gradients, in eval mode), so the record equals
-the eager path's for the same rows up to float rounding and every consumer (evaluation's record,
-the objectives, which rescore anyway) is unchanged.
+The recorded ``log_pf`` and ``log_pterm`` are vLLM's own raw log-probabilities, the log-softmax
+of the model's logits over the whole vocabulary (untempered, unmasked: what the eager path
+records): each request asks ``logprob_token_ids = [stop]`` (the drawn token's and the stop's at
+every position) and one token past ``max_length``, so that a row reaching max_length has its
+stop's log-probability after its last token (the extra token is dropped; one more engine step
+where a row is full). vLLM 0.32 masks the
+logits by the grammar before its sampler takes raw log-probabilities (``sample_tokens`` of its
+model runner), which would normalise them over the grammar's tokens and make the stop's -inf
+wherever the grammar forbids it; the engine applies that mask inside the sampler instead, after
+the raw log-probabilities and before the allowed tokens, min_tokens, the temperature and the draw
+(``_grammar_after_raw_log_probs``), so the draw is unchanged. The record equals the trainer's
+teacher-forced scoring (``HFPolicy.score`` in eval mode) up to the kernels' float rounding, with no
+second forward; the objectives rescore every row anyway.
 
 The engine follows the trainer's weights: before each rollout, the parameters whose version
 counter moved since the last sync (an optimizer step, a checkpoint load) are sent as the
@@ -49,6 +58,9 @@ GPU_MEMORY_UTILIZATION = 0.3
 """The engine's share of a GPU it shares with the trainer (TRL's colocate default)."""
 MAX_MODEL_LEN = 4096
 """The engine's context at most (the model's positions where fewer): the KV cache must hold one."""
+LOGPROBS_MODE = "raw_logprobs"
+"""The engine's log-probabilities: the model's log-softmax before any processor, temperature
+included (vLLM's default, named so that a change of default cannot change the record)."""
 
 
 def weight_versions(model: torch.nn.Module) -> tuple[int, ...]:
@@ -96,6 +108,39 @@ def _repack_tied_head(worker: Any) -> None:
         head.quant_method.process_weights_after_loading(head)
 
 
+def _grammar_after_raw_log_probs(worker: Any) -> None:
+    """On vLLM's worker: apply the grammar's mask inside the sampler, once it has taken the raw
+    log-probabilities (before the allowed tokens, min_tokens, the temperature and the draw), not
+    before it as vLLM 0.32's ``sample_tokens`` does (module docstring). Installed once."""
+    from vllm.v1.structured_output.utils import apply_grammar_bitmask
+
+    runner = worker.model_runner
+    if getattr(runner, "raptb_grammar_after_raw", False):
+        return
+    sample_tokens, sampler = runner.sample_tokens, runner.sampler
+    processors = sampler.apply_logits_processors
+    pending: list[tuple[Any, Any]] = []
+
+    def late_sample_tokens(grammar_output: Any) -> Any:
+        state = runner.execute_model_state
+        if grammar_output is not None and state is not None:
+            pending.append((state.scheduler_output, grammar_output))
+            grammar_output = None
+        try:
+            return sample_tokens(grammar_output)
+        finally:
+            pending.clear()
+
+    def masked_processors(logits: torch.Tensor, metadata: Any, bonus: bool) -> torch.Tensor:
+        if pending:
+            apply_grammar_bitmask(*pending.pop(), runner.input_batch, logits)
+        return processors(logits, metadata, bonus)
+
+    runner.sample_tokens = late_sample_tokens
+    sampler.apply_logits_processors = masked_processors
+    runner.raptb_grammar_after_raw = True
+
+
 def _shield_llvmlite() -> None:
     """vLLM 0.32's kernel scan (``vllm.triton_utils.dispatcher``) calls ``vars(x).get`` on every
     module global that answers ``__dict__``; llvmlite's lazily loaded library (Numba's, loaded
@@ -130,14 +175,17 @@ class VLLMEngine:
         self.versions = self._versions()
         positions = getattr(inner.config, "max_position_embeddings", None) or MAX_MODEL_LEN
         dtype = next(model.parameters()).dtype
+        self.max_model_len = min(positions, MAX_MODEL_LEN)
         self.llm = LLM(
             model=self.folder.name,
             dtype=str(dtype).removeprefix("torch."),
             seed=seed,
-            max_model_len=min(positions, MAX_MODEL_LEN),
+            max_model_len=self.max_model_len,
             enforce_eager=True,
             gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
+            logprobs_mode=LOGPROBS_MODE,
         )
+        self.llm.collective_rpc(_grammar_after_raw_log_probs)
         self.syncs = 0
         self.sync_s = 0.0
 
@@ -201,7 +249,7 @@ def vllm_rollout(
     temperature: float | torch.Tensor,
     generator: torch.Generator | None,
 ) -> Rollout:
-    """``sample_rollout`` drawn by vLLM (module docstring); the record rescored by ``policy``."""
+    """``sample_rollout`` drawn by vLLM, its record vLLM's log-probabilities (module docstring)."""
     from vllm import SamplingParams, TokensPrompt
     from vllm.sampling_params import StructuredOutputsParams
 
@@ -219,8 +267,15 @@ def vllm_rollout(
             "(decode eager)"
         )
     prompt_rows = row_prompt_ids(policy.prompt_ids, prompt, n)
-    policy.check_positions(max(len(row) for row in prompt_rows), max_length)
+    longest = max(len(row) for row in prompt_rows)
+    policy.check_positions(longest, max_length)
     engine = engine_of(policy)
+    if longest + max_length + 1 > engine.max_model_len:
+        raise ValueError(
+            f"max_length: vLLM's record needs prompt ({longest} tokens) + max_length "
+            f"({max_length}) + 1 positions, the engine has {engine.max_model_len}; lower "
+            "max_length or decode eager"
+        )
     seeds = torch.randint(0, 2**31 - 1, (n,), generator=generator).tolist()
     grammar = None if policy.grammar is None else StructuredOutputsParams(grammar=policy.grammar)
     allowed = [*policy.legal_ids, policy.stop_id]
@@ -229,10 +284,11 @@ def vllm_rollout(
             temperature=float(t),
             seed=int(seed),
             min_tokens=min_length,
-            max_tokens=max_length,
+            max_tokens=max_length + 1,  # the stop's log-probability after a full row
             allowed_token_ids=allowed,
             stop_token_ids=[policy.stop_id],
             structured_outputs=grammar,
+            logprob_token_ids=[policy.stop_id],
             detokenize=False,
         )
         for t, seed in zip(temp.tolist(), seeds, strict=True)
@@ -242,27 +298,43 @@ def vllm_rollout(
         [TokensPrompt(prompt_token_ids=ids) for ids in prompt_rows], params, use_tqdm=False
     )
     model_s = time.perf_counter() - tic
-    # a row ends at its first id that is not a legal token: the stop, or what vLLM draws at a
-    # dead end (its grammar and the legal tokens leave nothing; it draws id 0 and ends the
-    # request), where raptb's behaviour stops too
-    legal = set(policy.legal_ids)
-    rows = []
-    for out in outputs:
-        ids = out.outputs[0].token_ids
-        end = next((k for k, token in enumerate(ids) if token not in legal), len(ids))
-        rows.append(tuple(ids[:end]))
     tokens = torch.full((n, max_length), policy.pad_id, dtype=torch.long)
-    for b, row in enumerate(rows):
+    log_pf = torch.zeros(n, max_length)
+    log_pterm = torch.zeros(n, max_length + 1)
+    rows = []
+    legal = set(policy.legal_ids)
+    for b, out in enumerate(outputs):
+        row, pf, pterm = _row_record(out.outputs[0], legal, policy.stop_id, max_length)
         tokens[b, : len(row)] = torch.tensor(row, dtype=torch.long)
+        log_pf[b, : len(row)] = torch.tensor(pf, dtype=torch.float32)
+        log_pterm[b, : len(row) + 1] = torch.tensor(pterm, dtype=torch.float32)
+        rows.append(row)
     length = torch.tensor([len(row) for row in rows], dtype=torch.long)
-    tokens, length = tokens.to(policy.device), length.to(policy.device)
-    was_training = policy.model.training
-    policy.model.eval()
-    try:
-        with torch.no_grad():
-            log_pf, log_pterm = policy.score(prompt, tokens, length)
-    finally:
-        policy.model.train(was_training)
+    device = policy.device
     texts = [policy.row_text(row) for row in rows]
     timings = RolloutTimings(model_s, 0.0, time.perf_counter() - start)
-    return Rollout(tokens, length, log_pf.float(), log_pterm.float(), texts, rows, timings)
+    return Rollout(
+        tokens.to(device),
+        length.to(device),
+        log_pf.to(device),
+        log_pterm.to(device),
+        texts,
+        rows,
+        timings,
+    )
+
+
+def _row_record(
+    sample: Any, legal: set[int], stop_id: int, max_length: int
+) -> tuple[tuple[int, ...], list[float], list[float]]:
+    """One vLLM completion's row: its first ``max_length`` ids up to the first that is not a legal
+    token (the stop, or what vLLM draws at a dead end, where its grammar and the legal tokens
+    leave nothing: it draws id 0 and ends the request, and raptb's behaviour stops too); the raw
+    log-probability of each of the row's tokens, and of the stop at each of its prefixes."""
+    ids = sample.token_ids[:max_length]
+    end = next((k for k, token in enumerate(ids) if token not in legal), len(ids))
+    steps = sample.logprobs
+    if len(steps) <= end:
+        raise RuntimeError(f"vLLM returned {len(steps)} log-probabilities for a row of {end}")
+    pf = [step[token].logprob for step, token in zip(steps, ids[:end], strict=False)]
+    return tuple(ids[:end]), pf, [step[stop_id].logprob for step in steps[: end + 1]]

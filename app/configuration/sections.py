@@ -166,7 +166,7 @@ class SamplingConfig(Section):
         "one compiled call, the whole rollout in one where no xgrammar matcher runs between "
         "steps; the same rollouts as eager up to float rounding), eager (a growing cache, step by "
         "step, torch's operations), vllm (the rows drawn by a vLLM engine in this process, the "
-        "weights synced after each optimizer step, the record rescored by the trainer; the vllm "
+        "weights synced after each optimizer step, the record vLLM's log-probabilities; the vllm "
         "extra, a pretrained model on one process), or auto: static on CUDA, compiled on the CPU "
         "where it applies to a model of at most 2M parameters (above, its products cost more "
         "than eager's), else eager. onnx, compiled's former name, is read as compiled with a "
