@@ -3,7 +3,8 @@
 Usage (from the repository root, in the vLLM venv, ``bash .ci/vllm.sh`` makes it):
 
     OMP_NUM_THREADS=N .venv-vllm/bin/python benchmarks/vllm_rollout.py --threads N \
-        [--task expr24,smiles] [--rows 32,128] [--repeats 5] [--json FILE]
+        [--task expr24,smiles] [--rows 32,128] [--repeats 5] [--dtype float32|bfloat16]
+        [--json FILE]
 
 The policy is the one ``raptb train`` builds for SmolLM2-135M-Instruct with LoRA r16 (the task's
 alphabet, grammar, stop token and lengths; float32 on the CPU). The threads are set once, before
@@ -47,13 +48,18 @@ def main() -> None:
     parser.add_argument("--rows", default="32,128")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--dtype", default="float32", choices=("float32", "bfloat16"), help="model_dtype"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     records = []
     for task_name in args.task.split(","):
         spec = task_spec(task_name)
         task = spec.build(spec.options())
-        policy = build_policy("smollm2-135m", task, 0, lora=LoraConfig(rank=16), decode="vllm")
+        policy = build_policy(
+            "smollm2-135m", task, 0, lora=LoraConfig(rank=16), decode="vllm", dtype=args.dtype
+        )
         prompt = task.prompts()[0]
         before = torch.get_num_threads()
         from raptb.adapters.lm.vllm_rollout import engine_of
@@ -81,6 +87,7 @@ def main() -> None:
                     "rows": rows,
                     "decode": decode,
                     "threads": args.threads,
+                    "dtype": args.dtype,
                     **figures,
                     "sync_ms": sync_s * 1e3,
                     "engine_start_s": start_s,
