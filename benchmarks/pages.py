@@ -178,6 +178,7 @@ def suite_runs() -> str:
 
 
 PRETRAINED = RESULTS / "pretrained_smiles"
+PRETRAINED_BF16 = RESULTS / "pretrained_smiles_bf16"
 PRETRAINED_METRICS = (
     ("acc", "Acc (valid)", 3),
     ("score", "Score", 3),
@@ -193,7 +194,8 @@ def pretrained_table() -> str:
         f"| method | seeds | {names} | train + eval per run |",
         "|---|---:|" + "---:|" * len(PRETRAINED_METRICS) + "---|",
     ]
-    for method, runs in by_row(PRETRAINED / "runs.csv").items():
+    studies = [PRETRAINED / "runs.csv", PRETRAINED_BF16 / "runs.csv"]
+    for method, runs in (m for path in studies if path.exists() for m in by_row(path).items()):
         cells = " | ".join(spread(runs, key).cell(d) for key, _, d in PRETRAINED_METRICS)
         lines.append(f"| {method} | {len(runs)} | {cells} | {seconds_range(runs)} |")
     return "\n".join(lines) + "\n"
