@@ -284,6 +284,8 @@ FIELD: tuple[tuple[str, tuple[Runs, ...]], ...] = (
     ),
     ("RapTB + SubM at 5000 steps (the main job now)", (Runs("horizon_5000", "RapTB + SubM"),)),
     ("G²RPO at 5000 steps", (Runs("horizon_5000_g2rpo", "G2RPO, 5,000 steps"),)),
+    ("IPS-GRPO at 5000 steps", (Runs("horizon_5000_ips_flowrl", "IPS-GRPO, 5,000 steps"),)),
+    ("FlowRL at 5000 steps", (Runs("horizon_5000_ips_flowrl", "FlowRL, 5,000 steps"),)),
     ("RapTB + SubM, buffer 1000, 10,000 steps", (Runs("horizon_10000_capacity", "RapTB + SubM"),)),
 )
 """The field table's rows: a label and the runs it pools; a row without runs is left out."""
