@@ -5,6 +5,7 @@ Usage (from the repository root, in the vLLM venv, ``bash .ci/vllm.sh`` makes it
     OMP_NUM_THREADS=N .venv-vllm/bin/python benchmarks/vllm_rollout.py --threads N \
         [--task expr24,smiles] [--rows 32,128] [--repeats 5] [--dtype float32|bfloat16]
         [--json FILE]
+    python benchmarks/vllm_rollout.py --table FILE   # the markdown table of FILE's records
 
 The policy is the one ``raptb train`` builds for SmolLM2-135M-Instruct with LoRA r16 (the task's
 alphabet, grammar, stop token and lengths; float32 on the CPU). The threads are set once, before
@@ -51,7 +52,11 @@ def main() -> None:
     parser.add_argument(
         "--dtype", default="float32", choices=("float32", "bfloat16"), help="model_dtype"
     )
+    parser.add_argument("--table", type=Path, help="print the markdown table of a --json FILE")
     args = parser.parse_args()
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+        return
     torch.set_num_threads(args.threads)
     records = []
     for task_name in args.task.split(","):
@@ -141,6 +146,27 @@ def side_by_side(
             "engine_share": statistics.median(engine_s) / median if decode == "vllm" else None,
         }
     return timed
+
+
+def table(records: list[dict[str, Any]]) -> str:
+    """A markdown table of ``--json`` records: per task, rows, threads and dtype, the two paths'
+    median ms per rollout and eager's over vLLM's (above 1: vLLM the faster)."""
+    cells: dict[tuple[str, int, int, str], dict[str, float]] = {}
+    for r in records:
+        key = (r["task"], r["rows"], r["threads"], r.get("dtype", "float32"))
+        cells.setdefault(key, {})[r["decode"]] = r["ms_per_rollout"]
+    lines = [
+        "| task | rows | threads | dtype | eager ms | vLLM ms | eager / vLLM |",
+        "|---|---:|---:|---|---:|---:|---:|",
+    ]
+    for (task, rows, threads, dtype), ms in cells.items():
+        if {"eager", "vllm"} <= ms.keys():
+            ratio = ms["eager"] / ms["vllm"]
+            lines.append(
+                f"| {task} | {rows} | {threads} | {dtype} | {ms['eager']:,.0f} | "
+                f"{ms['vllm']:,.0f} | {ratio:.2f} |"
+            )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
