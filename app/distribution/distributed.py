@@ -267,8 +267,11 @@ def _peer_failure_line(entered: int, exc: RuntimeError) -> str:
 def leave_process_group() -> None:
     """After a command's last collective: wait for every rank, then destroy the process group.
     Left to the interpreter's exit, gloo's threads can abort a process ("terminate called without
-    an active exception") after its work is done, failing the launch. No-op in one process."""
-    if dist.is_available() and dist.is_initialized():
+    an active exception") after its work is done, failing the launch. No-op in a process no
+    launcher started (no ``WORLD_SIZE``): a group there is another library's (an in-process vLLM
+    engine makes one of one rank and destroys it itself at exit)."""
+    launched = "WORLD_SIZE" in os.environ
+    if launched and dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
 
