@@ -2,7 +2,8 @@
 (``.ci/vllm.sh``): after a sync, vLLM's log-probabilities of given token rows equal the trainer's
 teacher-forced ones (LoRA deltas and a changed tied embedding both included); the rollout's rows
 obey the behaviour's mask (legal tokens, Expr24's grammar, min and max length), a seed gives the
-same rows, and the record vLLM returns equals the trainer's scoring of the rows (skipped where
+same rows, the record vLLM returns equals the trainer's scoring of the rows, and `raptb train
+--sampling.decode vllm` trains SmolLM2 and ends cleanly (skipped where
 vLLM or SmolLM2 is absent).
 Everywhere: a sharded model and a missing vLLM are refused in one line.
 """
@@ -160,3 +161,27 @@ def test_a_dead_end_stops_the_row(policy) -> None:
     finally:
         policy.legal_ids, policy._sub_of = legal, sub_of
     assert rollout.length.tolist() == [0, 0, 0, 0] and rollout.texts == [""] * 4
+
+
+@needs_vllm
+def test_a_smollm2_run_trains_with_vllm_and_ends_cleanly(tmp_path) -> None:
+    """``raptb train --sampling.decode vllm`` as a user runs it, in a process of its own: two
+    optimizer steps, the decode recorded, exit 0 and no traceback at the engine's exit."""
+    import os
+    import subprocess
+    import sys
+    import tomllib
+
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "raptb", "train", "--task", "expr24"]
+    command += ["--model", "smollm2-135m", "--steps", "2", "--optim.grad_accum", "1"]
+    command += ["--sampling.decode", "vllm", "--threads", "1", "--out", str(out)]
+    command += ["--no-progress"]
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    steps = [line for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert len(steps) == 2
+    config = tomllib.loads((out / "config.toml").read_text())
+    assert config["sampling"]["decode"] == "vllm"
