@@ -86,6 +86,16 @@ class ObjectiveConfig(Section):
         "(SubTB family 0.9, RapTB 1 = uniform).",
     )
 
+    mode_bonus: NonNegative = Field(
+        0.0,
+        description="Weight lambda of G²RPO's mode bonus added to a GFlowNet objective's loss: "
+        "-lambda mean b log pi(y), b = min(1 / (n pi(y)), mode_bonus_cap) on the correct "
+        "on-policy rows (core.gfn.mode_bonus); 0: the objective alone.",
+    )
+    mode_bonus_cap: Positive = Field(
+        1000.0, description="Cap c of the mode bonus's inverse probability (as rl.g2rpo_cap)."
+    )
+
     @model_validator(mode="after")
     def _k_min_positive(self) -> ObjectiveConfig:
         if min(self.k_min) < 1:

@@ -28,6 +28,7 @@ from raptb.adapters.lm.rollout import RolloutTimings
 from raptb.adapters.tasks.registry import TaskSpec, task_spec
 from raptb.app.reward.prefix import PrefixScorer
 from raptb.app.reward.reference import reference_log_prob
+from raptb.core.gfn.batch import PrefixBatch
 from raptb.core.gfn.objectives import Objective
 from raptb.core.ports import Score, Task
 
@@ -236,6 +237,7 @@ def loss_step(
     step: int,
     weight: float,
     agree: Callable[[bool], bool] | None = None,
+    extra_term: Callable[[PrefixBatch], torch.Tensor] | None = None,
     **objective_kwargs: Any,
 ) -> LossResult | None:
     """Rescore a micro-batch, the rows of ``parts`` in order, under the current policy (one
@@ -247,6 +249,8 @@ def loss_step(
     with whether this process's loss is finite; it returns whether every process's is, and all
     skip the backward together otherwise (one forward per call, whatever the prompts, so every
     process runs as many as the others).
+    extra_term: a term added to the objective's loss, from the same rescored rows (the GFlowNet
+    algorithm's mode bonus, core.gfn.mode_bonus).
     objective_kwargs: passed to the objective (VarGrad's ``log_z_hat`` held for the step)."""
     length = torch.cat([batch.length for batch, _ in parts])
     log_pf, log_pterm = policy.score(
@@ -264,6 +268,8 @@ def loss_step(
             length,
         )
         loss, diagnostics = objective(prefixes, log_z, step, **objective_kwargs)
+        if extra_term is not None:
+            loss = loss + extra_term(prefixes)
     if not agreed_finite(loss, agree) or loss is None:
         return None
     (loss * weight).backward()

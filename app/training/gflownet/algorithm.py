@@ -44,6 +44,8 @@ Reading one optimizer step, in call order (``GFlowNetAlgorithm.optimizer_step`` 
 from __future__ import annotations
 
 import time
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -74,6 +76,8 @@ from raptb.app.training.step_batch import (
     collect_step,
     micro_batches,
 )
+from raptb.core.gfn.batch import PrefixBatch
+from raptb.core.gfn.mode_bonus import mode_bonus_term
 from raptb.core.gfn.objectives import Objective, partial_residuals
 
 
@@ -92,6 +96,8 @@ class GFlowNetAlgorithm:
         self.oracle = self.buffer if self.buffer is not None and self.buffer.oracle else None
         # set at the first step of a new run (a resumed one keeps its saved logZ: load_extra_state)
         self.start_from_batch = cfg.optim.log_z_start == "batch"
+        self.mode_bonus = cfg.objective.mode_bonus
+        self.mode_bonus_cap = cfg.objective.mode_bonus_cap
 
     # --- what the loop reads -------------------------------------------------------------------
 
@@ -163,11 +169,23 @@ class GFlowNetAlgorithm:
         if self.start_from_batch:
             self._start_log_z(batches)
         held = self._held_kwargs(batches)
+        drawn = Counter()  # on-policy rows of each prompt in the step: the mode bonus's n
+        for piece in step.pieces:
+            drawn[piece.prompt] += len(piece.on_policy)
 
         def loss(parts: list[tuple[Trajectories, Rewards]], rows: slice) -> LossResult | None:
             weight = (rows.stop - rows.start) / step.rows  # its share of the step's rows
+            bonus = self._bonus_term(parts, drawn)
             return loss_step(
-                loop.policy, self.objective, self.log_z, parts, loop.step, weight, agree, **held
+                loop.policy,
+                self.objective,
+                self.log_z,
+                parts,
+                loop.step,
+                weight,
+                agree,
+                bonus,
+                **held,
             )
 
         replays = self.buffer is not None and self.oracle is None
@@ -184,6 +202,28 @@ class GFlowNetAlgorithm:
         if self.buffer is not None and totals.items:
             self.buffer.add(totals.items)
         return self._step_record(totals, step.plan, time.perf_counter() - start)
+
+    def _bonus_term(
+        self, parts: list[tuple[Trajectories, Rewards]], drawn: Counter[str]
+    ) -> Callable[[PrefixBatch], torch.Tensor] | None:
+        """The micro-batch's mode-bonus term (core.gfn.mode_bonus), None at mode_bonus 0: its
+        correct on-policy rows are eligible, each with its prompt's on-policy rows in the step."""
+        if self.mode_bonus == 0:
+            return None
+        is_correct = self.loop.spec.is_correct
+        eligible, group = [], []
+        for batch, rewards in parts:
+            drawn_here = set(batch.on_policy)
+            for b in range(len(batch.rows)):
+                scores = rewards.scores
+                eligible.append(b in drawn_here and scores is not None and is_correct(scores[b]))
+                group.append(drawn[batch.prompt])
+        device = parts[0][0].length.device
+        mask = torch.tensor(eligible, dtype=torch.bool, device=device)
+        size = torch.tensor(group, dtype=torch.float32, device=device)
+        return lambda prefixes: mode_bonus_term(
+            prefixes, mask, size.to(prefixes.log_pf.dtype), self.mode_bonus, self.mode_bonus_cap
+        )
 
     def _held_kwargs(self, batches: list[list[tuple[Trajectories, Rewards]]]) -> dict[str, Any]:
         """What the objective holds fixed over the step's micro-batches: for one that declares
