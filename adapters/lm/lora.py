@@ -28,6 +28,8 @@ from safetensors.torch import load_file
 from transformers import PreTrainedModel
 from transformers.pytorch_utils import Conv1D
 
+from raptb.adapters.lm.cpu_dropout import use_fast_dropout
+
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # ``PeftModel.save_pretrained``'s default (``save_embedding_layers="auto"``) reads the base
@@ -104,7 +106,9 @@ def apply_lora(
         warnings.filterwarnings(
             "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
         )
-        return get_peft_model(model, config)
+        wrapped = get_peft_model(model, config)
+    use_fast_dropout(wrapped)  # the same dropout, its mask drawn ~20x faster on a CPU
+    return wrapped
 
 
 def is_adapter_folder(folder: Path | str) -> bool:
