@@ -188,7 +188,7 @@ class TrainConfig(Section):
         loss = self.loss_entry
         if not loss.replay and self.replay.kind != NO_REPLAY:
             raise ValueError(f"--loss {self.loss} trains on-policy: it takes replay 'none' only")
-        if loss.section == "rl" and self.objective.mode_bonus:
+        if loss.section == "rl" and self.objective.mode_bonus not in (0, (0, 0)):
             raise ValueError(
                 f"objective.mode_bonus: a GFlowNet objective's; --loss {self.loss} "
                 "reads [rl] (its form of the bonus: --loss g2rpo)"

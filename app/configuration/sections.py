@@ -86,11 +86,12 @@ class ObjectiveConfig(Section):
         "(SubTB family 0.9, RapTB 1 = uniform).",
     )
 
-    mode_bonus: NonNegative = Field(
+    mode_bonus: NonNegative | tuple[NonNegative, NonNegative] = Field(
         0.0,
         description="Weight lambda of G²RPO's mode bonus added to a GFlowNet objective's loss: "
         "-lambda mean b log pi(y), b = min(1 / (n pi(y)), mode_bonus_cap) on the correct "
-        "on-policy rows (core.gfn.mode_bonus); 0: the objective alone.",
+        "on-policy rows (core.gfn.mode_bonus); a pair (start, end) moves linearly over the "
+        "schedule; 0: the objective alone.",
     )
     mode_bonus_cap: Positive = Field(
         1000.0, description="Cap c of the mode bonus's inverse probability (as rl.g2rpo_cap)."

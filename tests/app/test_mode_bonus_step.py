@@ -102,5 +102,26 @@ def test_the_term_is_added_to_the_backpropagated_loss(tmp_path: Path, monkeypatc
 
 
 def test_an_rl_loss_refuses_the_knob() -> None:
-    with pytest.raises(ConfigError, match="objective.mode_bonus.*--loss g2rpo"):
+    with pytest.raises(ConfigError, match=r"objective.mode_bonus.*--loss g2rpo"):
         small_config(loss="grpo", **{"objective.mode_bonus": 0.1})
+
+
+def test_a_pair_moves_the_weight_over_the_schedule(tmp_path: Path, monkeypatch) -> None:
+    # (1, 0) over 4 steps: 1, 0.75, 0.5, 0.25 at steps 0-3; the term scales with it
+    overrides = {"objective.mode_bonus": (1.0, 0.0), "optim.grad_accum": 1}
+    trainer = Trainer(small_config(loss="tb", steps=4, **overrides), tmp_path, progress=False)
+    trainer.spec = replace(trainer.spec, is_correct=lambda score: True)
+    calls = _spy(monkeypatch)
+    trainer.train()
+    rng = np.random.default_rng(1)
+    for step, parts, term in calls:
+        prefixes = _random_prefixes(sum(len(b.rows) for b, _ in parts), 5, rng)
+        unit = algorithm_module.mode_bonus_term(
+            prefixes,
+            torch.tensor([i in b.on_policy for b, _ in parts for i in range(len(b.rows))]),
+            torch.full((prefixes.batch_size,), float(sum(len(b.on_policy) for b, _ in parts))),
+            1.0,
+            1000.0,
+        )
+        assert float(term(prefixes)) == pytest.approx((1 - step / 4) * float(unit), rel=1e-5)
+    assert [step for step, _, _ in calls] == [0, 1, 2, 3]

@@ -79,6 +79,12 @@ from raptb.app.training.step_batch import (
 from raptb.core.gfn.batch import PrefixBatch
 from raptb.core.gfn.mode_bonus import mode_bonus_term
 from raptb.core.gfn.objectives import Objective, partial_residuals
+from raptb.core.schedules import LinearSchedule
+
+
+def _pair(value: float | tuple[float, float]) -> tuple[float, float]:
+    """A constant or a (start, end) schedule as (start, end)."""
+    return (value, value) if isinstance(value, int | float) else value
 
 
 class GFlowNetAlgorithm:
@@ -96,7 +102,8 @@ class GFlowNetAlgorithm:
         self.oracle = self.buffer if self.buffer is not None and self.buffer.oracle else None
         # set at the first step of a new run (a resumed one keeps its saved logZ: load_extra_state)
         self.start_from_batch = cfg.optim.log_z_start == "batch"
-        self.mode_bonus = cfg.objective.mode_bonus
+        start, end = _pair(cfg.objective.mode_bonus)
+        self.mode_bonus = LinearSchedule(start, end, cfg.schedule_horizon)
         self.mode_bonus_cap = cfg.objective.mode_bonus_cap
 
     # --- what the loop reads -------------------------------------------------------------------
@@ -208,7 +215,8 @@ class GFlowNetAlgorithm:
     ) -> Callable[[PrefixBatch], torch.Tensor] | None:
         """The micro-batch's mode-bonus term (core.gfn.mode_bonus), None at mode_bonus 0: its
         correct on-policy rows are eligible, each with its prompt's on-policy rows in the step."""
-        if self.mode_bonus == 0:
+        weight = self.mode_bonus(self.loop.step)
+        if weight == 0:
             return None
         is_correct = self.loop.spec.is_correct
         eligible, group = [], []
@@ -222,7 +230,7 @@ class GFlowNetAlgorithm:
         mask = torch.tensor(eligible, dtype=torch.bool, device=device)
         size = torch.tensor(group, dtype=torch.float32, device=device)
         return lambda prefixes: mode_bonus_term(
-            prefixes, mask, size.to(prefixes.log_pf.dtype), self.mode_bonus, self.mode_bonus_cap
+            prefixes, mask, size.to(prefixes.log_pf.dtype), weight, self.mode_bonus_cap
         )
 
     def _held_kwargs(self, batches: list[list[tuple[Trajectories, Rewards]]]) -> dict[str, Any]:
