@@ -6,8 +6,9 @@ Usage (from the repository root):
 
 Prints a markdown table: torch's float32 and bfloat16 matrix products (GFLOP/s, 2mnk per
 product) on one thread and on every core, at a square size (2048) and at the shapes of a
-SmolLM2-135M step (width 576, MLP 1536, vocabulary 49,152; 320 tokens: 32 rows of 10), and the
-memory bandwidth of a 256 MiB copy (GB/s, bytes read plus written). Each cell gives the rate per
+SmolLM2-135M step (width 576, MLP 1536, vocabulary 49,152; 320 tokens: 32 rows of 10; and the 32
+rows of the rollout's one-token forwards), and the memory bandwidth of a 256 MiB copy (GB/s,
+bytes read plus written). Each cell gives the rate per
 CPU second of the process (summed over its threads: what the cores do while they run, on a
 machine other jobs share) and per wall second (what a quiet machine gives), each the best of
 ``--repeats`` timings of about ``--seconds`` of CPU. A step's floor is its counted FLOPs
@@ -26,6 +27,9 @@ SHAPES = {  # (m, k, n) of [m, k] @ [k, n]
     "square 2048": (2048, 2048, 2048),
     "attention/MLP 320x576 @ 576x1536": (320, 576, 1536),
     "head 320x576 @ 576x49152": (320, 576, 49152),
+    # the rollout's one-token forwards multiply 32 rows at a time
+    "attention/MLP, one token of 32 rows: 32x576 @ 576x1536": (32, 576, 1536),
+    "head, one token of 32 rows: 32x576 @ 576x49152": (32, 576, 49152),
 }
 
 
