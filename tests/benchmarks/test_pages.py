@@ -162,13 +162,14 @@ def test_a_row_without_runs_is_left_out_and_the_bold_follows_its_rule(pages, tmp
         + [("diverged", s, 0.05 if s == 2 else 0.95, 50.0) for s in three],
     )
     _study(tmp_path, "diversity_zoo_ips_flowrl", [("IPS-GRPO", s, 0.99, 1.0) for s in three])
-    runs = pages.Runs
+    field = load_script("field_table")
+    runs = field.Runs
     names = ("ours", "narrow", "broad", "broader", "diverged")
     rows = [(name, (runs("diversity_zoo", name),)) for name in names] + [
         ("IPS-GRPO", (runs("diversity_zoo_ips_flowrl", "IPS-GRPO"),)),
         ("FlowRL", (runs("diversity_zoo_ips_flowrl", "FlowRL"),)),
     ]
-    table = _field_rows(pages.field_table(rows, tmp_path))
+    table = _field_rows(field.field_table(rows, tmp_path))
     assert list(table) == [*names, "IPS-GRPO", "target (uniform over the 10)"]
     assert [name for name, cells in table.items() if "**" in "".join(cells)] == ["broad"]
     assert table["broad"][1] == "**0.910 ± 0.025**"  # 0.90, 0.91, 0.92: t_{2} 4.303 x 0.01 / √3
