@@ -27,6 +27,7 @@ import argparse
 import csv
 import math
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -35,6 +36,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from scipy import stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # a script's sibling, from any caller
+from field_table import COMPARED
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COLUMNS = (  # (runs.csv key, table header, decimals)
@@ -50,9 +54,9 @@ COLUMNS = (  # (runs.csv key, table header, decimals)
 )
 PAPER = {"RapTB + SubM (paper)": (0.994, 1337.3), "TB + RP (paper)": (1.000, 5.3)}
 TARGET = {"target": (1.0, 6136.1, 1.0)}
-STUDIES = ("diversity_zoo", "diversity_zoo_ips_flowrl")
+STUDIES = COMPARED
 """The studies at the comparison's setting (1500 steps, seeds 0-4): the field, then IPS-GRPO and
-FlowRL (a row that has no runs yet is left out)."""
+FlowRL (a row that has no runs yet is left out); the field table's (benchmarks/field_table.py)."""
 
 
 def interval(values: list[float]) -> tuple[float, float]:
