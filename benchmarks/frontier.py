@@ -5,7 +5,8 @@ Usage (from the repository root):
     python benchmarks/frontier.py [--out benchmarks/results/headline/frontier.png]
     python benchmarks/frontier.py --studies horizon_5000 horizon_5000_frontier \
         horizon_5000_capacity horizon_frontier_more horizon_10000_capacity horizon_5000_g2rpo \
-        horizon_5000_ips_flowrl --out benchmarks/results/horizon_5000/frontier.png \
+        horizon_5000_ips_flowrl mode_bonus_5000 mode_bonus_schedule mode_bonus_seeds \
+        --out benchmarks/results/horizon_5000/frontier.png \
         --title "Expr24, embedded model, 5,000 and 10,000 steps" --ymin 0.7 --ceiling
 
 Reads the committed per-run values of the studies that evaluate exactly
