@@ -226,8 +226,9 @@ def test_shipped_studies_plan(study):
     assert {p for p in _config_paths(study) if not _known(p)} == set()
     runs = plan(study)
     spec = load_study(study)
-    # one row over two seeds: the bfloat16 row beside pretrained_smiles.toml's float32 one
-    least = 2 if study.name == "pretrained_smiles_bf16.toml" else 3
+    # one row over two seeds: the bfloat16 row beside pretrained_smiles.toml's float32 one, the
+    # mode bonus's unseen seeds
+    least = 2 if study.name in ("pretrained_smiles_bf16.toml", "mode_bonus_unseen.toml") else 3
     assert len(runs) >= least and len({r.name for r in runs}) == len(runs)
     # the paper's tables over three seeds; the default-model choice and the logZ starts over five;
     # the quickstart one; the screens over the two seeds they were run with; the replay share over
@@ -235,7 +236,8 @@ def test_shipped_studies_plan(study):
     # the RL methods' knob screen over two, their comparison over five, two unseen seeds and
     # G²RPO's 5-9, IPS-GRPO's and FlowRL's screen over two and comparison over five; the paper's
     # horizon over five, its settings' screens over two, a larger buffer and G²RPO, IPS-GRPO and
-    # FlowRL there over five; the pretrained model's comparison over two
+    # FlowRL there over five; the pretrained model's comparison over two; the mode bonus's screens
+    # over two, three more seeds of its chosen weight (2-4) and two unseen ones
     want = {
         "quickstart.toml": {0},
         "default_model.toml": {0, 1, 2, 3, 4},
@@ -261,6 +263,11 @@ def test_shipped_studies_plan(study):
         "horizon_10000_capacity.toml": {0, 1, 2, 3, 4},
         "pretrained_smiles.toml": {0, 1},
         "pretrained_smiles_bf16.toml": {0, 1},
+        "mode_bonus_screen.toml": {0, 1},
+        "mode_bonus_5000.toml": {0, 1},
+        "mode_bonus_schedule.toml": {0, 1},
+        "mode_bonus_seeds.toml": {2, 3, 4},
+        "mode_bonus_unseen.toml": {13, 14},
     }.get(study.name)
     assert {r.seed for r in runs} == set(spec.seeds) == (want or {0, 1, 2})
     result = CliRunner().invoke(app, ["study", str(study), "--dry-run"])
