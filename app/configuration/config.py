@@ -189,10 +189,7 @@ class TrainConfig(Section):
         if not loss.replay and self.replay.kind != NO_REPLAY:
             raise ValueError(f"--loss {self.loss} trains on-policy: it takes replay 'none' only")
         if loss.section == "rl" and self.objective.mode_bonus not in (0, (0, 0)):
-            raise ValueError(
-                f"objective.mode_bonus: a GFlowNet objective's; --loss {self.loss} "
-                "reads [rl] (its form of the bonus: --loss g2rpo)"
-            )
+            raise ValueError(f"objective.mode_bonus: --loss {self.loss} reads [rl] (--loss g2rpo)")
         rows = self.optim.batch_size * self.optim.grad_accum
         group = self.rl.num_generations
         grouped = getattr(loss.objective, "grouped", False)

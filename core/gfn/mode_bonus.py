@@ -32,10 +32,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from array_api_compat import array_namespace, device
+from array_api_compat import array_namespace
 
 from raptb.core.autograd import stop_gradient
 from raptb.core.gfn.batch import PrefixBatch
+from raptb.core.gfn.objectives import _at_length, _masked_inputs
 
 Array = Any
 
@@ -43,18 +44,15 @@ Array = Any
 def sequence_log_probs(batch: PrefixBatch) -> Array:
     """log pi(y) [B]: each row's token log-probabilities up to its length plus its stop's,
     sum_{t < tau} log_pf[t] + log_pterm[tau] (masked entries never read)."""
-    xp = batch.xp
-    tokens = xp.sum(xp.where(batch.token_mask, batch.log_pf, xp.zeros_like(batch.log_pf)), axis=1)
-    cols = xp.arange(batch.max_length + 1, device=device(batch.length))
-    at_stop = cols[None, :] == batch.length[:, None]
-    stop = xp.sum(xp.where(at_stop, batch.log_pterm, xp.zeros_like(batch.log_pterm)), axis=1)
-    return tokens + stop
+    masked = _masked_inputs(batch)
+    return _at_length(masked.cum + masked.log_pterm, batch)
 
 
 def mode_bonus_weights(log_pi: Array, eligible: Array, group_size: Array, cap: float) -> Array:
     """b [B] = min(1 / (n pi), cap) on the ``eligible`` rows (correct and on-policy), else 0;
     ``log_pi`` [B] the rows' sequence log-probabilities (held fixed: no gradient flows through b),
     ``group_size`` [B] each row's n (its prompt's on-policy rows in the step, >= 1 where eligible).
+    G²RPO's bonus (core.rl.g2rpo) is this with the correct rows eligible and n its group size.
     Computed in log space: exp(min(-log n - log pi, log cap))."""
     xp = array_namespace(log_pi)
     if not cap > 0:

@@ -43,6 +43,7 @@ from typing import Any, ClassVar
 from array_api_compat import array_namespace
 
 from raptb.core.checks import check_range
+from raptb.core.gfn.mode_bonus import mode_bonus_weights
 from raptb.core.rl.grpo import GRPO
 
 Array = Any
@@ -54,9 +55,8 @@ def g2rpo_bonus(
     """The bonus b [B] of each row: ``weight`` min(1 / (n pi_old(y)), ``cap``) where the reward is
     > 0, else 0 (the module docstring); computed in log space, exp(min(-log n - log pi, log c))."""
     xp = array_namespace(rewards)
-    log_inverse = -math.log(num_generations) - sequence_log_probs
-    bonus = weight * xp.exp(xp.minimum(log_inverse, xp.full_like(log_inverse, math.log(cap))))
-    return xp.where(rewards > 0, bonus, xp.zeros_like(bonus))
+    n = xp.full_like(sequence_log_probs, num_generations)
+    return weight * mode_bonus_weights(sequence_log_probs, rewards > 0, n, cap)
 
 
 @dataclass(frozen=True)

@@ -221,9 +221,8 @@ class GFlowNetAlgorithm:
         is_correct = self.loop.spec.is_correct
         eligible, group = [], []
         for batch, rewards in parts:
-            drawn_here = set(batch.on_policy)
+            drawn_here, scores = set(batch.on_policy), rewards.scores
             for b in range(len(batch.rows)):
-                scores = rewards.scores
                 eligible.append(b in drawn_here and scores is not None and is_correct(scores[b]))
                 group.append(drawn[batch.prompt])
         device = parts[0][0].length.device
