@@ -4,31 +4,26 @@ Usage (from the repository root; BASE a checkout of the commit to compare with, 
 environment at BASE/.venv, as ``git worktree add`` and an editable install make it):
 
     python benchmarks/pretrained_step.py --base BASE [--tasks smiles expr24] [--steps 3]
-        [--warmup 1] [--threads 1] [--model smollm2-135m] [--out benchmarks/pretrained_step.md]
+        [--warmup 1] [--threads 1] [--model smollm2-135m] [--grad-accum 1] [--clock cpu]
+        [--floor GFLOPS] [--out benchmarks/pretrained_step.md]
+    python benchmarks/pretrained_step.py --against-threads 2 [--threads 1] --clock wall ...
 
 For each task, two worker processes build the same trainer (``--model`` with the task's pretrained
-preset: LoRA r16, kappa 1; 32 rows a step, all on-policy, as ``benchmarks/train_step.py
---optimizer-steps``), one on this checkout's code and one on BASE's, and take optimizer steps in
-turn, one at a time (the side that goes first alternates), so both see the same machine load.
-Each step is timed by ``train_step.timed_optimizer_step``'s stages, in CPU seconds of the process
+preset: LoRA r16, kappa 1; 32 x ``--grad-accum`` rows a step, rolled out together and rescored in
+micro-batches of 32, all on-policy, as ``benchmarks/train_step.py --optimizer-steps``), one on
+this checkout's code and one on BASE's (or, with ``--against-threads`` and no BASE, both on this
+checkout, one on ``--threads`` and one on that many), and take optimizer steps in turn, one at a
+time (the side that goes first alternates), so both see the same machine load. Each step is
+timed by ``train_step.timed_optimizer_step``'s stages, in CPU seconds of the process
 (``time.process_time``: on a machine other jobs share, the wall time of a stage counts the time
-it waited for a core; its CPU time does not) and the step's wall seconds beside them. After the
-timed steps each worker counts one more step's floating-point operations (torch's
-``FlopCounterMode``: matrix products and attention, forward and backward). Prints a markdown table
-(medians over the timed steps) and writes it to ``--out`` when given.
+it waited for a core; its CPU time does not; ``--clock wall`` for thread counts compared) and the
+step's wall seconds beside them. After the timed steps each worker counts one more step's
+floating-point operations by stage (torch's ``FlopCounterMode``: matrix products and attention,
+forward and backward; the stages' boundaries read its running total). With ``--floor`` (GFLOP/s
+a thread, ``benchmarks/floor.py``'s) each stage's seconds are divided by its floor. Prints a
+markdown table (medians over the timed steps) and writes it to ``--out`` when given.
 
-The dtype arm (``model_dtype``, adapters/lm/precision.py), in one process:
-
-    python benchmarks/pretrained_step.py --dtypes [--tasks smiles expr24] [--steps 5]
-        [--warmup 1] [--threads 1] [--model smollm2-135m] [--out FILE]
-
-builds the task's policy twice (LoRA r16, dropout 0, its B weights drawn so the adapters change
-every logit, the same adapter weights in both), float32 and bfloat16 base weights, and repeats,
-the two in turn (the side that goes first alternating): a rollout of 32 rows (each its own, from
-the same seed), then on one fixed set of 32 rows (the float32 rollout's) the reference pass and
-the teacher-forced rescoring forward and backward of RapTB's loss. Stages in CPU seconds of the
-process; then how far bfloat16's numbers are from float32's on those rows: the sequence
-log-probabilities, the loss, the cosine of the LoRA gradients.
+The dtype arm, float32 against bfloat16, is ``--dtypes`` (``pretrained_dtypes.py``).
 """
 
 from __future__ import annotations
@@ -63,19 +58,32 @@ def worker(args: argparse.Namespace) -> None:
 
     use_threads(args.threads)
     ns = argparse.Namespace(
-        batch_size=32, grad_accum=1, replay="subm", task=args.task, kappa=None, length=10
+        batch_size=32,
+        grad_accum=args.grad_accum,
+        replay="subm",
+        task=args.task,
+        kappa=None,
+        length=10,
     )
     cfg = build_config(overrides=train_step.step_overrides(ns, args.model))
     trainer = Trainer(cfg, Path(tempfile.mkdtemp()) / "run", progress=False)
     torch.manual_seed(0)
-    # the stages on the process's CPU clock; the step's wall time beside them
-    train_step.time = types.SimpleNamespace(perf_counter=time.process_time)
+    # the stages on the process's CPU clock (or the wall clock); the step's wall time beside them
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    train_step.time = types.SimpleNamespace(perf_counter=clock)
     print(json.dumps({"ready": True, "decode": trainer.policy.decode_path}), flush=True)
     for line in sys.stdin:
         if line.strip() == "flops":
+            # the stages' boundaries read the operations counted so far: each stage's FLOPs
             with FlopCounterMode(display=False) as counter:
-                train_step.timed_optimizer_step(trainer)
-            print(json.dumps({"flops": counter.get_total_flops()}), flush=True)
+                train_step.time = types.SimpleNamespace(
+                    perf_counter=lambda: float(counter.get_total_flops())
+                )
+                stage_flops, _ = train_step.timed_optimizer_step(trainer)
+                train_step.time = types.SimpleNamespace(perf_counter=clock)
+            print(
+                json.dumps({"flops": counter.get_total_flops(), "stages": stage_flops}), flush=True
+            )
             continue
         start = time.perf_counter()
         parts, tokens = train_step.timed_optimizer_step(trainer)
@@ -132,117 +140,20 @@ def check(args: argparse.Namespace) -> str:
     )
 
 
-def _dtype_policies(args: argparse.Namespace, task_name: str) -> tuple[Any, list[Any]]:
-    """The task and its policy on ``--model`` in float32 and in bfloat16 (the same LoRA r16
-    adapters, B drawn, dropout 0)."""
-    import torch
-
-    from raptb.app.configuration.config import build_config
-    from raptb.app.task_and_policy import build_policy, build_task
-
-    cfg = build_config(overrides={"model": args.model, "task": task_name, "lora.dropout": 0.0})
-    task = build_task(cfg)
-    cpu = torch.device("cpu")
-    policies = [
-        build_policy(cfg.model, task, 0, lora=cfg.lora, device=cpu, dtype=dtype)
-        for dtype in ("float32", "bfloat16")
-    ]
-    torch.manual_seed(0)
-    with torch.no_grad():
-        drawn = {}
-        for name, param in policies[0].model.named_parameters():
-            if "lora_B" in name:
-                drawn[name] = param.normal_(0.0, 0.02).clone()
-        for name, param in policies[1].model.named_parameters():
-            if name in drawn:
-                param.copy_(drawn[name])
-    return task, policies
-
-
-def dtype_arm(args: argparse.Namespace, task_name: str) -> list[str]:
-    """``--dtypes``: float32 against bfloat16 base weights on one task, in this process."""
-    import torch
-
-    from raptb.adapters.lm.policy import to_prefix_batch
-    from raptb.adapters.lm.threads import use_threads
-    from raptb.core.gfn.objectives import objective_by_name
-
-    use_threads(args.threads)
-    task, policies = _dtype_policies(args, task_name)
-    prompt = task.prompts()[0]
-    limits = {"min_length": task.min_length, "max_length": task.max_length}
-    fixed = policies[0].sample(prompt, 32, generator=torch.Generator().manual_seed(1), **limits)
-    rows = torch.arange(32)
-    u = torch.randn(32, fixed.tokens.shape[1] + 1, generator=torch.Generator().manual_seed(2))
-    objective = objective_by_name("raptb")
-
-    def stages(policy: Any) -> tuple[dict[str, float], dict[str, Any]]:
-        times: dict[str, float] = {}
-        start = time.process_time()
-        policy.sample(prompt, 32, generator=torch.Generator().manual_seed(3), **limits)
-        times["rollout (its own rows)"] = time.process_time() - start
-        start = time.process_time()
-        policy.reference_score(prompt, fixed.tokens, fixed.length)
-        times["reference pass"] = time.process_time() - start
-        policy.model.train()
-        policy.model.zero_grad(set_to_none=True)
-        start = time.process_time()
-        log_pf, log_pterm = policy.score(prompt, fixed.tokens, fixed.length)
-        batch = to_prefix_batch(log_pf, log_pterm, u * 10.0 + log_pterm.detach(), u, fixed.length)
-        loss, _ = objective(batch, 0.0)
-        loss.backward()
-        times["rescoring forward + backward"] = time.process_time() - start
-        times["total"] = sum(times.values())
-        grads = [p.grad.flatten() for n, p in policy.model.named_parameters() if "lora_" in n]
-        sequence = log_pf.sum(dim=1) + log_pterm[rows, fixed.length]
-        kept = {"sequence": sequence.detach(), "loss": float(loss.detach())}
-        kept["grad"] = torch.cat(grads)
-        kept["grad dtypes"] = sorted({str(g.dtype) for g in grads})
-        return times, kept
-
-    runs: list[list[dict[str, float]]] = [[], []]
-    kept: list[dict[str, Any]] = [{}, {}]
-    for i in range(args.warmup + args.steps):
-        for side in (0, 1) if i % 2 == 0 else (1, 0):
-            times, kept[side] = stages(policies[side])
-            if i >= args.warmup:
-                runs[side].append(times)
-            name = ("float32", "bfloat16")[side]
-            print(f"{task_name} {name} repeat {i}: {times}", file=sys.stderr, flush=True)
-    full, half = runs
-    lines = [f"| {task_name}: stage | float32 CPU s | bfloat16 CPU s | float32 / bfloat16 |"]
-    lines.append("|---|---|---|---|")
-    for key in full[0]:
-        a = statistics.median(r[key] for r in full)
-        b = statistics.median(r[key] for r in half)
-        lines.append(f"| {key} | {a:.2f} | {b:.2f} | {a / b:.2f}x |")
-    want, got = kept
-    gap = (got["sequence"] - want["sequence"]).abs()
-    # in float64: a float32 cosine over the ~5M LoRA gradients read 1.001 on a quiet run
-    cosine = torch.nn.functional.cosine_similarity(
-        got["grad"].double(), want["grad"].double(), dim=0
-    )
-    lines.append(
-        f"\nOn the same 32 rows (lengths {sorted(set(fixed.length.tolist()))}): sequence "
-        f"log-probabilities max |diff| {float(gap.max()):.3f} (mean |log p| "
-        f"{float(want['sequence'].abs().mean()):.1f}); RapTB loss {want['loss']:.4g} against "
-        f"{got['loss']:.4g} (relative {abs(got['loss'] / want['loss'] - 1):.1e}); "
-        f"LoRA gradients' cosine {float(cosine):.5f}, bfloat16's dtypes {got['grad dtypes']}; "
-        f"totals float32 {[round(r['total'], 2) for r in full]}, bfloat16 "
-        f"{[round(r['total'], 2) for r in half]} CPU s\n"
-    )
-    return lines
-
-
 class Side:
     """A worker process of one checkout."""
 
-    def __init__(self, name: str, tree: Path, args: argparse.Namespace, task: str) -> None:
+    def __init__(
+        self, name: str, tree: Path, args: argparse.Namespace, task: str, threads: int
+    ) -> None:
         python = tree / ".venv" / "bin" / "python"
+        if not python.exists():
+            python = Path(sys.executable)  # this checkout run from its own environment
         command = [str(python), str(Path(__file__).resolve()), "--worker", "--tree", str(tree)]
-        command += ["--task", task, "--threads", str(args.threads), "--model", args.model]
-        env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "TQDM_DISABLE": "1"}
-        self.name = name
+        command += ["--task", task, "--threads", str(threads), "--model", args.model]
+        command += ["--grad-accum", str(args.grad_accum), "--clock", args.clock]
+        env = os.environ | {"OMP_NUM_THREADS": str(threads), "TQDM_DISABLE": "1"}
+        self.name, self.threads = name, threads
         self.process = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=tree
         )
@@ -269,11 +180,19 @@ class Side:
 
 
 def compare(args: argparse.Namespace, task: str) -> list[str]:
-    """The interleaved steps of both checkouts on ``task``: table rows."""
-    sides = [
-        Side("base", Path(args.base).resolve(), args, task),
-        Side("new", HERE.parent, args, task),
-    ]
+    """The interleaved steps of both sides on ``task`` (BASE's checkout and this one, or this one
+    on ``--threads`` and on ``--against-threads``): table rows."""
+    here = HERE.parent
+    if args.base is not None:
+        sides = [
+            Side("base", Path(args.base).resolve(), args, task, args.threads),
+            Side("new", here, args, task, args.threads),
+        ]
+    else:
+        sides = [
+            Side(f"{t} thread{'s' if t > 1 else ''}", here, args, task, t)
+            for t in (args.threads, args.against_threads)
+        ]
     for i in range(args.warmup + args.steps):
         for side in sides if i % 2 == 0 else sides[::-1]:
             result = side.ask("step")
@@ -281,32 +200,65 @@ def compare(args: argparse.Namespace, task: str) -> list[str]:
                 side.runs.append(result)
             print(
                 f"{task} {side.name} step {i}: wall {result['wall']:.1f} s, "
-                f"cpu {result['cpu']['total']:.1f} s",
+                f"{args.clock} {result['cpu']['total']:.1f} s",
                 file=sys.stderr,
                 flush=True,
             )
-    flops = [side.ask("flops")["flops"] for side in sides]
+    counted = [side.ask("flops") for side in sides]
     for side in sides:
         side.close()
-    base, new = sides
-    rows = [f"| {task}: stage | base CPU s | new CPU s | base / new |", "|---|---|---|---|"]
-    for key in base.runs[0]["cpu"]:
-        b = statistics.median(r["cpu"][key] for r in base.runs)
-        n = statistics.median(r["cpu"][key] for r in new.runs)
-        rows.append(f"| {key} | {b:.2f} | {n:.2f} | {b / n if n else float('nan'):.2f}x |")
-    b = statistics.median(r["wall"] for r in base.runs)
-    n = statistics.median(r["wall"] for r in new.runs)
-    rows.append(f"| wall | {b:.2f} | {n:.2f} | {b / n:.2f}x |")
+    return table(args, task, sides, counted)
+
+
+def table(
+    args: argparse.Namespace, task: str, sides: list[Side], counted: list[dict[str, Any]]
+) -> list[str]:
+    """The markdown rows of ``compare``: each stage's median seconds on both sides, their ratio,
+    its counted GFLOP and, with ``--floor``, each side's seconds over the stage's floor (its
+    GFLOP at ``--floor`` GFLOP/s a thread; per CPU second, or per wall second times the side's
+    threads with ``--clock wall``)."""
+    first, second = sides
+    unit = "CPU s" if args.clock == "cpu" else "wall s"
+    head = f"| {task}: stage | {first.name} {unit} | {second.name} {unit} | ratio | GFLOP |"
+    rule = "|---|---|---|---|---|"
+    if args.floor:
+        head += f" {first.name} / floor | {second.name} / floor |"
+        rule += "---|---|"
+    rows = [head, rule]
+    stage_flops = counted[1]["stages"]
+
+    def over_floor(side: Side, seconds: float, flops: float) -> str:
+        rate = args.floor * 1e9 * (side.threads if args.clock == "wall" else 1)
+        return f" {seconds / (flops / rate):.2f}x |" if flops > 1e9 else " |"
+
+    for key in first.runs[0]["cpu"]:
+        a = statistics.median(r["cpu"][key] for r in first.runs)
+        b = statistics.median(r["cpu"][key] for r in second.runs)
+        flops = stage_flops.get(key, 0.0)
+        row = f"| {key} | {a:.2f} | {b:.2f} | {a / b if b else float('nan'):.2f}x |"
+        row += f" {flops / 1e9:.1f} |" if flops > 1e9 else " |"
+        if args.floor:
+            row += over_floor(first, a, flops) + over_floor(second, b, flops)
+        rows.append(row)
+    a = statistics.median(r["wall"] for r in first.runs)
+    b = statistics.median(r["wall"] for r in second.runs)
+    rows.append(f"| wall | {a:.2f} | {b:.2f} | {a / b:.2f}x | |" + (" | |" if args.floor else ""))
+    flops = [c["flops"] for c in counted]
     rows.append(
         f"| step TFLOP (counted) | {flops[0] / 1e12:.3f} | {flops[1] / 1e12:.3f} | "
-        f"{flops[0] / flops[1]:.2f}x |"
+        f"{flops[0] / flops[1] if flops[1] else float('nan'):.2f}x | |"
+        + (" | |" if args.floor else "")
     )
     tokens = [statistics.median(r["tokens"] for r in side.runs) for side in sides]
-    rows.append(f"| generated tokens a step | {tokens[0]:.0f} | {tokens[1]:.0f} | |")
     rows.append(
-        f"\ndecode paths: base {base.ready['decode']}, new {new.ready['decode']}; "
-        f"steps base {[round(r['cpu']['total'], 2) for r in base.runs]}, "
-        f"new {[round(r['cpu']['total'], 2) for r in new.runs]} CPU s\n"
+        f"| generated tokens a step | {tokens[0]:.0f} | {tokens[1]:.0f} | | |"
+        + (" | |" if args.floor else "")
+    )
+    rows.append(
+        f"\ndecode paths: {first.name} {first.ready['decode']}, {second.name} "
+        f"{second.ready['decode']}; steps {first.name} "
+        f"{[round(r['cpu']['total'], 2) for r in first.runs]}, {second.name} "
+        f"{[round(r['cpu']['total'], 2) for r in second.runs]} {unit}\n"
     )
     return rows
 
@@ -320,6 +272,9 @@ def cpu_model() -> str:
 
 
 def main() -> None:
+    sys.path.insert(0, str(HERE))
+    from pretrained_dtypes import dtype_arm
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base", default=None)
     parser.add_argument("--tasks", nargs="+", default=["smiles", "expr24"])
@@ -328,6 +283,27 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--against-threads",
+        type=int,
+        default=None,
+        help="without --base: this checkout on --threads against this many threads",
+    )
+    parser.add_argument(
+        "--grad-accum",
+        type=int,
+        default=1,
+        help="micro-batches of 32 rows a step, rolled out together (the SMILES preset: 4)",
+    )
+    parser.add_argument(
+        "--clock", choices=["cpu", "wall"], default="cpu", help="the stages' seconds"
+    )
+    parser.add_argument(
+        "--floor",
+        type=float,
+        default=None,
+        help="GFLOP/s a thread (benchmarks/floor.py's): each stage's seconds over its floor",
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--dtypes", action="store_true", help="float32 against bfloat16")
@@ -340,13 +316,17 @@ def main() -> None:
     if args.check:
         print(check(args))
         return
-    if args.base is None and not args.dtypes:
-        raise SystemExit("--base: give a checkout to compare with (with its .venv), or --dtypes")
+    if args.base is None and args.against_threads is None and not args.dtypes:
+        raise SystemExit(
+            "--base: give a checkout to compare with (with its .venv), or --against-threads N, "
+            "or --dtypes"
+        )
     load = os.getloadavg()
     lines = [
         f"Command: `python benchmarks/pretrained_step.py {' '.join(sys.argv[1:])}`; "
         f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; CPU {cpu_model()}, "
-        f"{os.cpu_count()} cores; {args.model}, 32 rows a step, {args.threads} thread(s); load "
+        f"{os.cpu_count()} cores; {args.model}, {32 * args.grad_accum} rows a step (micro-batches "
+        f"of 32), {args.threads} thread(s); load "
         f"average at the start {load[0]:.1f}.\n"
     ]
     for task in args.tasks:
