@@ -7,6 +7,7 @@ environment at BASE/.venv, as ``git worktree add`` and an editable install make 
         [--warmup 1] [--threads 1] [--model smollm2-135m] [--grad-accum 1] [--clock cpu]
         [--floor GFLOPS] [--out benchmarks/pretrained_step.md]
     python benchmarks/pretrained_step.py --against-threads 2 [--threads 1] --clock wall ...
+    python benchmarks/pretrained_step.py --alone [--threads 1] --clock wall --floor GFLOPS ...
 
 For each task, two worker processes build the same trainer (``--model`` with the task's pretrained
 preset: LoRA r16, kappa 1; 32 x ``--grad-accum`` rows a step, rolled out together and rescored in
@@ -19,9 +20,13 @@ timed by ``train_step.timed_optimizer_step``'s stages, in CPU seconds of the pro
 it waited for a core; its CPU time does not; ``--clock wall`` for thread counts compared) and the
 step's wall seconds beside them. After the timed steps each worker counts one more step's
 floating-point operations by stage (torch's ``FlopCounterMode``: matrix products and attention,
-forward and backward; the stages' boundaries read its running total). With ``--floor`` (GFLOP/s
-a thread, ``benchmarks/floor.py``'s) each stage's seconds are divided by its floor. Prints a
-markdown table (medians over the timed steps) and writes it to ``--out`` when given.
+forward and backward; the stages' boundaries read its running total). Two processes of ~2.5 GB
+taking turns can slow each other down on a virtual machine (the preset's Expr24 step on one
+thread: 34 s interleaved with a two-thread process, 23 s alone; SMILES's 30.6 and 29.0 s):
+``--alone`` runs one process, for the absolute seconds a floor is compared with. With
+``--floor`` (GFLOP/s a thread, ``benchmarks/floor.py``'s) each stage's seconds are divided by its
+floor. Prints a markdown table (medians over the timed steps) and writes it to ``--out`` when
+given.
 
 The dtype arm, float32 against bfloat16, is ``--dtypes`` (``pretrained_dtypes.py``).
 """
@@ -181,18 +186,17 @@ class Side:
 
 def compare(args: argparse.Namespace, task: str) -> list[str]:
     """The interleaved steps of both sides on ``task`` (BASE's checkout and this one, or this one
-    on ``--threads`` and on ``--against-threads``): table rows."""
+    on ``--threads`` and on ``--against-threads``), or of this checkout alone (``--alone``): table
+    rows."""
     here = HERE.parent
     if args.base is not None:
         sides = [
             Side("base", Path(args.base).resolve(), args, task, args.threads),
             Side("new", here, args, task, args.threads),
         ]
-    else:
-        sides = [
-            Side(f"{t} thread{'s' if t > 1 else ''}", here, args, task, t)
-            for t in (args.threads, args.against_threads)
-        ]
+    else:  # this checkout on --threads, then on --against-threads, or alone
+        counts = [args.threads] + ([args.against_threads] if args.against_threads else [])
+        sides = [Side(f"{t} thread{'s' if t > 1 else ''}", here, args, task, t) for t in counts]
     for i in range(args.warmup + args.steps):
         for side in sides if i % 2 == 0 else sides[::-1]:
             result = side.ask("step")
@@ -213,53 +217,59 @@ def compare(args: argparse.Namespace, task: str) -> list[str]:
 def table(
     args: argparse.Namespace, task: str, sides: list[Side], counted: list[dict[str, Any]]
 ) -> list[str]:
-    """The markdown rows of ``compare``: each stage's median seconds on both sides, their ratio,
-    its counted GFLOP and, with ``--floor``, each side's seconds over the stage's floor (its
-    GFLOP at ``--floor`` GFLOP/s a thread; per CPU second, or per wall second times the side's
-    threads with ``--clock wall``)."""
-    first, second = sides
+    """The markdown rows of ``compare``: each stage's median seconds on each side (one or two),
+    the first's over the second's, its counted GFLOP and, with ``--floor``, each side's seconds
+    over the stage's floor (its GFLOP at ``--floor`` GFLOP/s a thread; per CPU second, or per wall
+    second times the side's threads with ``--clock wall``)."""
     unit = "CPU s" if args.clock == "cpu" else "wall s"
-    head = f"| {task}: stage | {first.name} {unit} | {second.name} {unit} | ratio | GFLOP |"
-    rule = "|---|---|---|---|---|"
+    pair = len(sides) == 2
+    head = f"| {task}: stage |" + "".join(f" {side.name} {unit} |" for side in sides)
+    head += (" ratio |" if pair else "") + " GFLOP |"
     if args.floor:
-        head += f" {first.name} / floor | {second.name} / floor |"
-        rule += "---|---|"
-    rows = [head, rule]
-    stage_flops = counted[1]["stages"]
+        head += "".join(f" {side.name} / floor |" for side in sides)
+    rows = [head, "|---" * head.count(" |") + "|"]
+    blank = " |" * ((len(sides) if args.floor else 0) + 1)  # GFLOP and floor cells left empty
 
-    def over_floor(side: Side, seconds: float, flops: float) -> str:
-        rate = args.floor * 1e9 * (side.threads if args.clock == "wall" else 1)
-        return f" {seconds / (flops / rate):.2f}x |" if flops > 1e9 else " |"
+    def medians(key: str) -> list[float]:
+        return [statistics.median(r["cpu"][key] for r in side.runs) for side in sides]
 
-    for key in first.runs[0]["cpu"]:
-        a = statistics.median(r["cpu"][key] for r in first.runs)
-        b = statistics.median(r["cpu"][key] for r in second.runs)
+    def ratio(values: list[float]) -> str:
+        return f" {values[0] / values[1] if values[1] else float('nan'):.2f}x |" if pair else ""
+
+    stage_flops = counted[-1]["stages"]
+    for key in sides[0].runs[0]["cpu"]:
+        seconds = medians(key)
         flops = stage_flops.get(key, 0.0)
-        row = f"| {key} | {a:.2f} | {b:.2f} | {a / b if b else float('nan'):.2f}x |"
-        row += f" {flops / 1e9:.1f} |" if flops > 1e9 else " |"
-        if args.floor:
-            row += over_floor(first, a, flops) + over_floor(second, b, flops)
+        row = f"| {key} |" + "".join(f" {x:.2f} |" for x in seconds) + ratio(seconds)
+        if flops <= 1e9:
+            rows.append(row + blank)
+            continue
+        row += f" {flops / 1e9:.1f} |"
+        for side, x in zip(sides, seconds, strict=True) if args.floor else ():
+            rate = args.floor * 1e9 * (side.threads if args.clock == "wall" else 1)
+            row += f" {x / (flops / rate):.2f}x |"
         rows.append(row)
-    a = statistics.median(r["wall"] for r in first.runs)
-    b = statistics.median(r["wall"] for r in second.runs)
-    rows.append(f"| wall | {a:.2f} | {b:.2f} | {a / b:.2f}x | |" + (" | |" if args.floor else ""))
+    walls = [statistics.median(r["wall"] for r in side.runs) for side in sides]
+    rows.append("| wall |" + "".join(f" {x:.2f} |" for x in walls) + ratio(walls) + blank)
     flops = [c["flops"] for c in counted]
     rows.append(
-        f"| step TFLOP (counted) | {flops[0] / 1e12:.3f} | {flops[1] / 1e12:.3f} | "
-        f"{flops[0] / flops[1] if flops[1] else float('nan'):.2f}x | |"
-        + (" | |" if args.floor else "")
+        "| step TFLOP (counted) |"
+        + "".join(f" {x / 1e12:.3f} |" for x in flops)
+        + ratio(flops)
+        + blank
     )
     tokens = [statistics.median(r["tokens"] for r in side.runs) for side in sides]
     rows.append(
-        f"| generated tokens a step | {tokens[0]:.0f} | {tokens[1]:.0f} | | |"
-        + (" | |" if args.floor else "")
+        "| generated tokens a step |"
+        + "".join(f" {x:.0f} |" for x in tokens)
+        + (" |" if pair else "")
+        + blank
     )
-    rows.append(
-        f"\ndecode paths: {first.name} {first.ready['decode']}, {second.name} "
-        f"{second.ready['decode']}; steps {first.name} "
-        f"{[round(r['cpu']['total'], 2) for r in first.runs]}, {second.name} "
-        f"{[round(r['cpu']['total'], 2) for r in second.runs]} {unit}\n"
+    paths = ", ".join(f"{side.name} {side.ready['decode']}" for side in sides)
+    steps = ", ".join(
+        f"{side.name} {[round(r['cpu']['total'], 2) for r in side.runs]}" for side in sides
     )
+    rows.append(f"\ndecode paths: {paths}; steps {steps} {unit}\n")
     return rows
 
 
@@ -290,6 +300,11 @@ def main() -> None:
         help="without --base: this checkout on --threads against this many threads",
     )
     parser.add_argument(
+        "--alone",
+        action="store_true",
+        help="this checkout on --threads in one process, nothing interleaved (absolute seconds)",
+    )
+    parser.add_argument(
         "--grad-accum",
         type=int,
         default=1,
@@ -316,10 +331,10 @@ def main() -> None:
     if args.check:
         print(check(args))
         return
-    if args.base is None and args.against_threads is None and not args.dtypes:
+    if args.base is None and args.against_threads is None and not (args.dtypes or args.alone):
         raise SystemExit(
             "--base: give a checkout to compare with (with its .venv), or --against-threads N, "
-            "or --dtypes"
+            "--alone or --dtypes"
         )
     load = os.getloadavg()
     lines = [

@@ -50,3 +50,15 @@ def test_on_the_cpu_clock_the_floor_is_one_threads_rate_whatever_the_threads():
     # without --floor no floor columns
     plain = script.table(argparse.Namespace(clock="cpu", floor=None), "smiles", [one, two], counted)
     assert plain[0].count("|") == 6
+
+
+def test_a_side_alone_has_no_ratio_column_and_its_floor():
+    script = load_script("pretrained_step")
+    one = _side("1 thread", 1, [9.0, 8.0, 10.0], [3.0, 2.0, 4.0])
+    counted = [{"flops": 4.0e11, "stages": {"rollout": 1.0e11, "total": 4.0e11}}]
+    rows = script.table(argparse.Namespace(clock="wall", floor=50.0), "expr24", [one], counted)
+    assert rows[0] == "| expr24: stage | 1 thread wall s | GFLOP | 1 thread / floor |"
+    assert rows[1] == "|---|---|---|---|"
+    assert "| rollout | 3.00 | 100.0 | 1.50x |" in rows
+    assert "| total | 9.00 | 400.0 | 1.12x |" in rows
+    assert "| wall | 9.01 | | |" in rows
