@@ -30,6 +30,7 @@ RESUMABLE_CHANGES = (
     "checkpoint_every",
     "keep_checkpoints",
     "threads",
+    "keep_freed_memory",
     "time_limit",
     "eval_samples",
     "max_nonfinite",
@@ -38,9 +39,9 @@ RESUMABLE_CHANGES = (
     "report_to",
     "distributed.timeout",
 )
-"""Fields ``--resume`` may change: length, checkpoint cadence and retention, CPU threads,
-evaluation size, stop limits, reward workers (scoring in a pool gives identical rewards), the
-experiment trackers and the collective timeout."""
+"""Fields ``--resume`` may change: length, checkpoint cadence and retention, CPU threads and
+memory reuse, evaluation size, stop limits, reward workers (scoring in a pool gives identical
+rewards), the experiment trackers and the collective timeout."""
 
 
 class RunMismatch(ValueError):
