@@ -25,8 +25,9 @@ taking turns can slow each other down on a virtual machine (the preset's Expr24 
 thread: 34 s interleaved with a two-thread process, 23 s alone; SMILES's 30.6 and 29.0 s):
 ``--alone`` runs one process, for the absolute seconds a floor is compared with. With
 ``--floor`` (GFLOP/s a thread, ``benchmarks/floor.py``'s) each stage's seconds are divided by its
-floor. Prints a markdown table (medians over the timed steps) and writes it to ``--out`` when
-given.
+floor; with ``--product-floor`` (``--clock wall``, this checkout only) by its products' seconds
+alone, each timed at its own shape in the worker after the timed steps (``shape_floor.py``).
+Prints a markdown table (medians over the timed steps) and writes it to ``--out`` when given.
 
 The dtype arm, float32 against bfloat16, is ``--dtypes`` (``pretrained_dtypes.py``).
 """
@@ -34,7 +35,9 @@ The dtype arm, float32 against bfloat16, is ``--dtypes`` (``pretrained_dtypes.py
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import functools
 import json
 import os
 import platform
@@ -48,6 +51,15 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+
+
+def _reading(products: Any, counter: Any, rate: float) -> complex:
+    """The FLOPs ``counter`` counted so far and, under ``products`` (a ``ProductFloor``), the
+    products' seconds alone so far with the other counted FLOPs at ``rate`` FLOP/s."""
+    flops = counter.get_total_flops()
+    if products is None:
+        return complex(flops, 0.0)
+    return complex(flops, products.seconds + (flops - products.flops) / rate)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -78,17 +90,27 @@ def worker(args: argparse.Namespace) -> None:
     train_step.time = types.SimpleNamespace(perf_counter=clock)
     print(json.dumps({"ready": True, "decode": trainer.policy.decode_path}), flush=True)
     for line in sys.stdin:
-        if line.strip() == "flops":
-            # the stages' boundaries read the operations counted so far: each stage's FLOPs
-            with FlopCounterMode(display=False) as counter:
-                train_step.time = types.SimpleNamespace(
-                    perf_counter=lambda: float(counter.get_total_flops())
-                )
-                stage_flops, _ = train_step.timed_optimizer_step(trainer)
-                train_step.time = types.SimpleNamespace(perf_counter=clock)
-            print(
-                json.dumps({"flops": counter.get_total_flops(), "stages": stage_flops}), flush=True
-            )
+        if line.strip() in ("flops", "flops+floor"):
+            # the stages' boundaries read one complex number: the FLOPs counted so far (real part)
+            # and, for the floor, the products' seconds alone so far with the rest of the counted
+            # FLOPs (attention) at the square product's rate (imaginary part; shape_floor.py):
+            # one step gives both by stage
+            from shape_floor import ProductFloor, square_rate
+
+            floor = line.strip() == "flops+floor"
+            rate = square_rate() if floor else 1.0  # measured before anything is counted
+            with ProductFloor() if floor else contextlib.nullcontext() as products:
+                with FlopCounterMode(display=False) as counter:
+                    train_step.time = types.SimpleNamespace(
+                        perf_counter=functools.partial(_reading, products, counter, rate)
+                    )
+                    stages, _ = train_step.timed_optimizer_step(trainer)
+                    train_step.time = types.SimpleNamespace(perf_counter=clock)
+            counted = {"flops": counter.get_total_flops()}
+            counted["stages"] = {key: value.real for key, value in stages.items()}
+            if floor:
+                counted["floor"] = {key: value.imag for key, value in stages.items()}
+            print(json.dumps(counted), flush=True)
             continue
         start = time.perf_counter()
         parts, tokens = train_step.timed_optimizer_step(trainer)
@@ -208,7 +230,7 @@ def compare(args: argparse.Namespace, task: str) -> list[str]:
                 file=sys.stderr,
                 flush=True,
             )
-    counted = [side.ask("flops") for side in sides]
+    counted = [side.ask("flops+floor" if args.product_floor else "flops") for side in sides]
     for side in sides:
         side.close()
     return table(args, task, sides, counted)
@@ -220,15 +242,19 @@ def table(
     """The markdown rows of ``compare``: each stage's median seconds on each side (one or two),
     the first's over the second's, its counted GFLOP and, with ``--floor``, each side's seconds
     over the stage's floor (its GFLOP at ``--floor`` GFLOP/s a thread; per CPU second, or per wall
-    second times the side's threads with ``--clock wall``)."""
+    second times the side's threads with ``--clock wall``) and, with ``--product-floor``, over
+    its products' seconds alone on that side (``counted[i]["floor"]``)."""
     unit = "CPU s" if args.clock == "cpu" else "wall s"
     pair = len(sides) == 2
     head = f"| {task}: stage |" + "".join(f" {side.name} {unit} |" for side in sides)
     head += (" ratio |" if pair else "") + " GFLOP |"
     if args.floor:
         head += "".join(f" {side.name} / floor |" for side in sides)
+    if args.product_floor:
+        head += "".join(f" {side.name} / product floor |" for side in sides)
     rows = [head, "|---" * head.count(" |") + "|"]
-    blank = " |" * ((len(sides) if args.floor else 0) + 1)  # GFLOP and floor cells left empty
+    floors = (len(sides) if args.floor else 0) + (len(sides) if args.product_floor else 0)
+    blank = " |" * (floors + 1)  # GFLOP and floor cells left empty
 
     def medians(key: str) -> list[float]:
         return [statistics.median(r["cpu"][key] for r in side.runs) for side in sides]
@@ -248,6 +274,8 @@ def table(
         for side, x in zip(sides, seconds, strict=True) if args.floor else ():
             rate = args.floor * 1e9 * (side.threads if args.clock == "wall" else 1)
             row += f" {x / (flops / rate):.2f}x |"
+        for count, x in zip(counted, seconds, strict=True) if args.product_floor else ():
+            row += f" {x / count['floor'][key]:.2f}x |"
         rows.append(row)
     walls = [statistics.median(r["wall"] for r in side.runs) for side in sides]
     rows.append("| wall |" + "".join(f" {x:.2f} |" for x in walls) + ratio(walls) + blank)
@@ -314,6 +342,12 @@ def main() -> None:
         "--clock", choices=["cpu", "wall"], default="cpu", help="the stages' seconds"
     )
     parser.add_argument(
+        "--product-floor",
+        action="store_true",
+        help="each stage's seconds over its products' seconds alone at their own shapes "
+        "(shape_floor.py), measured in each worker after the timed steps",
+    )
+    parser.add_argument(
         "--floor",
         type=float,
         default=None,
@@ -335,6 +369,11 @@ def main() -> None:
         raise SystemExit(
             "--base: give a checkout to compare with (with its .venv), or --against-threads N, "
             "--alone or --dtypes"
+        )
+    if args.product_floor and (args.base is not None or args.clock != "wall"):
+        raise SystemExit(
+            "--product-floor: this checkout's workers only, on --clock wall (drop --base, add "
+            "--clock wall)"
         )
     load = os.getloadavg()
     lines = [

@@ -1,0 +1,35 @@
+"""benchmarks/shape_floor.py: under ProductFloor each product adds its own shape's seconds alone
+(timed once per distinct shape and layout) and its FLOPs, the FLOPs torch's counter gives for
+the same products; a FlopCounterMode inside it does not count the timing's own products."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from tests.benchmarks import load_script
+
+
+def _work(weight: torch.Tensor, x: torch.Tensor) -> None:
+    y = (x @ weight.t()).relu()
+    z = torch.bmm(y.view(4, 8, 24), y.view(4, 8, 24).transpose(1, 2))
+    (z.sum() + (y @ weight).sum()).backward()
+
+
+def test_each_product_adds_its_shapes_seconds_and_the_counters_flops() -> None:
+    floor = load_script("shape_floor")
+    torch.manual_seed(0)
+    weight = torch.randn(24, 16, requires_grad=True)
+    x = torch.randn(32, 16, requires_grad=True)
+    with FlopCounterMode(display=False) as alone:
+        _work(weight, x)
+    with floor.ProductFloor() as products, FlopCounterMode(display=False) as inside:
+        _work(weight, x)
+        first, shapes = products.seconds, dict(products.shapes)
+        _work(weight, x)  # the same products again: no new timing, the same seconds added
+    assert inside.get_total_flops() == 2 * alone.get_total_flops()  # the timing is not counted
+    assert products.flops == inside.get_total_flops()  # products only here: all counted FLOPs
+    assert products.shapes == shapes and all(s > 0 for s in shapes.values())
+    assert abs(products.seconds - 2 * first) <= 1e-9 * first
+    assert first >= max(shapes.values())
+    assert {key[2] for key in shapes} | {key[4] for key in shapes} >= {"c", "t"}
