@@ -27,6 +27,11 @@ import platform
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
+NOT_GLIBC = (
+    "keep_freed_memory: this C library is not glibc, whose malloc it sets: the run goes on "
+    "without it (keep_freed_memory = false says so)"
+)
+"""The run's warning where ``keep_freed_memory = true`` meets another C library."""
 
 
 def glibc_mallopt() -> ctypes._CFuncPtr | None:

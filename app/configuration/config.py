@@ -105,10 +105,9 @@ class TrainConfig(Section):
     )
     keep_freed_memory: bool | None = Field(
         None,
-        description="Keep the memory a CPU run frees for its next allocations (glibc; "
-        "adapters/lm/heap.py): a pretrained model's step then maps no page anew (~550,000 page "
-        "faults a 128-row SMILES step without), resident memory at its peak. None: on for a "
-        "run on a CPU. config.toml records whether it was on.",
+        description="Keep freed memory for the next allocations (glibc; adapters/lm/heap.py): "
+        "no page mapped anew, resident memory at its peak. None: on for a run on a CPU. "
+        "config.toml records whether it was on.",
     )
     time_limit: Annotated[float, Field(gt=0)] | None = Field(
         None,

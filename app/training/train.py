@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from raptb.adapters.lm.heap import keep_freed_memory
+from raptb.adapters.lm.heap import NOT_GLIBC, keep_freed_memory
 from raptb.adapters.lm.lora import is_peft_model
 from raptb.adapters.lm.precision import dtype_name
 from raptb.adapters.lm.threads import use_threads
@@ -126,15 +126,10 @@ class Trainer:
         self.show_progress = progress
         if config.threads is not None:
             use_threads(config.threads)
-        # config.toml records whether freed memory was kept ("None" resolved on this device)
         keep = config.keep_freed_memory
         kept = (self.dist.device.type == "cpu" if keep is None else keep) and keep_freed_memory()
         if keep and not kept:
-            self.warn(
-                "keep_freed_memory: this C library is not glibc, whose malloc it sets: the run "
-                "goes on without it (keep_freed_memory = false says so)"
-            )
-        self.cfg = config = config.model_copy(update={"keep_freed_memory": kept})
+            self.warn(NOT_GLIBC)
         # rank 0 verifies and chooses, so every rank loads the same checkpoint
         checkpoint = (
             self.dist.on_main(lambda: newest_usable(self.run_dir, self.warn)) if resume else None
@@ -158,9 +153,12 @@ class Trainer:
             tiny=config.tiny,
             dtype=config.model_dtype,
         )
-        # config.toml records the dtype that runs ("auto" resolved on this device)
+        # config.toml records the dtype that runs and whether freed memory was kept ("auto" and
+        # None resolved on this device)
         ran = dtype_name(self.policy.model.get_input_embeddings().weight.dtype)
-        self.cfg = config = config.model_copy(update={"model_dtype": ran})
+        self.cfg = config = config.model_copy(
+            update={"model_dtype": ran, "keep_freed_memory": kept}
+        )
         self.rewards = RewardCaller(
             self.task,
             workers=config.reward.workers,
