@@ -69,6 +69,7 @@ def worker(args: argparse.Namespace) -> None:
     import train_step  # the checkout's own (its stages as that code runs them)
     from torch.utils.flop_counter import FlopCounterMode
 
+    from raptb.adapters.lm.lanes import Lanes
     from raptb.adapters.lm.threads import use_threads
     from raptb.app.configuration.config import build_config
     from raptb.app.training.train import Trainer
@@ -98,6 +99,9 @@ def worker(args: argparse.Namespace) -> None:
             from shape_floor import ProductFloor, square_rate
 
             floor = line.strip() == "flops+floor"
+            # torch's dispatch modes see their own thread only: the counted step runs in one lane
+            # (the same work, so the same FLOPs; its seconds are not the ones reported)
+            lanes, trainer.policy.lanes = trainer.policy.lanes, Lanes(1)
             rate = square_rate() if floor else 1.0  # measured before anything is counted
             with ProductFloor() if floor else contextlib.nullcontext() as products:
                 with FlopCounterMode(display=False) as counter:
@@ -106,6 +110,7 @@ def worker(args: argparse.Namespace) -> None:
                     )
                     stages, _ = train_step.timed_optimizer_step(trainer)
                     train_step.time = types.SimpleNamespace(perf_counter=clock)
+            trainer.policy.lanes = lanes
             counted = {"flops": counter.get_total_flops()}
             counted["stages"] = {key: value.real for key, value in stages.items()}
             if floor:

@@ -44,6 +44,7 @@ import argparse
 import json
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -57,6 +58,7 @@ from raptb.app.configuration.config import build_config
 from raptb.app.training.gflownet.mix_schedule import Mix
 from raptb.app.training.gflownet.replay_items import new_items
 from raptb.app.training.gflownet.row_plan import plan_rows
+from raptb.app.training.micro_batch import run_micro_batches
 from raptb.app.training.step import loss_step, reward, sample_trajectories
 from raptb.app.training.step_batch import collect_step, micro_batches
 from raptb.app.training.train import Trainer
@@ -198,18 +200,25 @@ def _sync() -> None:
 
 
 class _Timed:
-    """A callable that adds its synchronised wall time (seconds) to ``seconds``."""
+    """A callable that adds its synchronised wall time to the calling thread's seconds;
+    ``seconds`` is the largest thread's (calls from lanes side by side: their share of the wall
+    time, not the lanes' sum)."""
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
-        self.seconds = 0.0
+        self.by_thread: dict[int, float] = {}
+
+    @property
+    def seconds(self) -> float:
+        return max(self.by_thread.values(), default=0.0)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         _sync()
         start = time.perf_counter()
         out = self.fn(*args, **kwargs)
         _sync()
-        self.seconds += time.perf_counter() - start
+        thread = threading.get_ident()
+        self.by_thread[thread] = self.by_thread.get(thread, 0.0) + time.perf_counter() - start
         return out
 
 
@@ -254,21 +263,25 @@ def timed_optimizer_step(trainer: Trainer, rollouts: int = 1) -> tuple[dict[str,
         ]
         _sync()
         t_reward = time.perf_counter()
-        batches = micro_batches([len(p.rows) for p in pieces], trainer.rank_batch)
-        for batch_parts in batches:
-            loss_parts = [
-                (scored[i][0].take(rows), scored[i][1].take(rows)) for i, rows in batch_parts
-            ]
-            result = loss_step(
+        batches = [
+            [(scored[i][0].take(rows), scored[i][1].take(rows)) for i, rows in batch_parts]
+            for batch_parts in micro_batches([len(p.rows) for p in pieces], trainer.rank_batch)
+        ]
+
+        def loss(parts: Any, _rows: slice) -> Any:
+            return loss_step(
                 policy,
                 trainer.algorithm.objective,
                 trainer.algorithm.log_z,
-                loss_parts,
+                parts,
                 trainer.step,
                 1 / len(batches),
             )
-            if result is None:
-                raise RuntimeError("non-finite loss")
+
+        # in the policy's lanes, as the trainer's GFlowNet step runs them (Trainer.accumulate)
+        params = [p for g in trainer.optimizer.param_groups for p in g["params"] if p.requires_grad]
+        if len(run_micro_batches(batches, loss, policy.lanes, params)) < len(batches):
+            raise RuntimeError("non-finite loss")
         _sync()
         t_loss = time.perf_counter()
         if trainer.algorithm.buffer is not None:

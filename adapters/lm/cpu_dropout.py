@@ -14,17 +14,34 @@ float32 uniform's comparison resolves it) with its mask from NumPy's SFC64 bit g
 CPU tensor; on any other device it is ``nn.Dropout`` (torch's own kernel). Each call seeds a
 fresh SFC64 with one int64 drawn from torch's global generator, so a run's masks follow
 ``torch.manual_seed`` and a checkpoint's saved torch state as nn.Dropout's do: the same seed, the
-same masks (not nn.Dropout's masks: a different draw of the same distribution).
+same masks (not nn.Dropout's masks: a different draw of the same distribution). In a thread that
+draws from a generator of its own (:func:`drawing_from`: a lane, ``adapters.lm.lanes``), the int64
+comes from that generator instead, so two lanes' masks do not depend on which draws first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 
 _SEED_HIGH = 2**62
+_local = threading.local()
+
+
+@contextmanager
+def drawing_from(generator: torch.Generator) -> Iterator[None]:
+    """In this thread, while the block runs, each mask's seed drawn from ``generator`` instead
+    of torch's global generator."""
+    before = getattr(_local, "generator", None)
+    _local.generator = generator
+    try:
+        yield
+    finally:
+        _local.generator = before
 
 
 BITS = 24
@@ -69,7 +86,8 @@ class FastDropout(torch.nn.Dropout):
             return super().forward(x)
         if self.p == 1.0:
             return x * 0.0
-        seed = int(torch.randint(0, _SEED_HIGH, (), dtype=torch.int64))
+        generator = getattr(_local, "generator", None)
+        seed = int(torch.randint(0, _SEED_HIGH, (), dtype=torch.int64, generator=generator))
         drop = dropped(byte_source(np.random.SFC64(seed)), x.numel(), self.p)
         mask = np.multiply(~drop, 1.0 / (1.0 - self.p), dtype=np.float32).reshape(x.shape)
         return x * torch.from_numpy(mask).to(x.dtype)

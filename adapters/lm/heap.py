@@ -18,6 +18,12 @@ at its peak instead of following each step's rise and fall (that step, six of th
 benchmarks/pretrained_memory.py: 2.88 GiB from the fourth on, ~20,000 pages faulted in at two
 steps after the first and none at the others; ~550,000 a step at 2.4 GiB without). The setting
 lasts for the process.
+
+It also sets ``M_ARENA_MAX`` to 1: every thread allocates from the one heap those settings keep.
+Otherwise glibc gives each new thread an arena of its own, mmapped heaps of at most 64 MiB that
+it unmaps again, so a lane (``adapters.lm.lanes``: a step's rows in two threads side by side)
+faulted its large blocks in anew: SMILES's four 32-row rescorings and backwards in two lanes took
+~740,000 page faults in two rounds, ~230,000 with one arena (the first round's growth).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import platform
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
+M_ARENA_MAX = -8
 NOT_GLIBC = (
     "keep_freed_memory: this C library is not glibc, whose malloc it sets: the run goes on "
     "without it (keep_freed_memory = false says so)"
@@ -48,9 +55,11 @@ def glibc_mallopt() -> ctypes._CFuncPtr | None:
 
 
 def keep_freed_memory() -> bool:
-    """Keep every freed block in the process for its next allocations (the module docstring);
-    returns whether glibc took both settings (False off glibc: nothing changed)."""
+    """Keep every freed block in the process, whichever thread frees it, for its next
+    allocations (the module docstring); returns whether glibc took the three settings (False off
+    glibc: nothing changed)."""
     mallopt = glibc_mallopt()
     if mallopt is None:
         return False
-    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, -1))
+    settings = ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1), (M_ARENA_MAX, 1))
+    return all([bool(mallopt(option, value)) for option, value in settings])

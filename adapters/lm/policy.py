@@ -42,6 +42,7 @@ from raptb.adapters.lm.decode_mode import DecodeMode, current_mode, resolve_deco
 from raptb.adapters.lm.embedded import compiled_rollout, lean_gpt2
 from raptb.adapters.lm.gpu.static_decoder import StaticDecoders
 from raptb.adapters.lm.grammar import GrammarBatch
+from raptb.adapters.lm.lanes import Lanes
 from raptb.adapters.lm.paths import RESCORING_MODULES, ROLLOUT_MODULES, grammar_kind, rollout_path
 from raptb.adapters.lm.rescoring import forward_log_probs
 from raptb.adapters.lm.rescoring import path_of as rescoring_path_of
@@ -127,7 +128,7 @@ class HFPolicy:
         self.pad_id = self.stop_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
         self.texts = token_texts(tokenizer, legal)
         self._sub_of = {full: sub for sub, full in enumerate(legal)}
-        self._grammars: dict[tuple[int, bool], GrammarBatch | TableGrammarBatch] = {}
+        self._grammars: dict[tuple[int, bool, int], GrammarBatch | TableGrammarBatch] = {}
         self._frozen_copy: PreTrainedModel | None = None
         self._prompt_ids: dict[str, list[int]] = {}
         self._lean_support: weakref.WeakKeyDictionary[torch.nn.Module, bool] = (
@@ -140,6 +141,9 @@ class HFPolicy:
         """For a model sharded across processes (whose forwards are collectives): called once per
         rollout step with whether this process's rows have all stopped, it returns whether every
         process's have; the rollout steps on (forwards only) until then. None: one process."""
+        # the rollout's rows and the loss's micro-batches in lanes side by side (adapters.lm.lanes);
+        # one lane by default, the trainer sets its own
+        self.lanes = Lanes(1)
         if grammar is not None:
             # compile now so that a bad grammar fails at construction, not mid-training
             self.grammar_batch(1)
@@ -178,12 +182,13 @@ class HFPolicy:
             RESCORING_MODULES[rescoring],
         )
 
-    def grammar_batch(self, n: int) -> GrammarBatch | TableGrammarBatch | None:
-        """The grammar's state for ``n`` rows (built once per ``n``): the automaton's table where
-        there is one, else xgrammar's matchers; None without a grammar."""
+    def grammar_batch(self, n: int, lane: int = 0) -> GrammarBatch | TableGrammarBatch | None:
+        """The grammar's state for ``n`` rows of rollout lane ``lane`` (built once per ``n`` and
+        lane): the automaton's table where there is one, else xgrammar's matchers; None without
+        a grammar."""
         if self.grammar is None:
             return None
-        key = (n, self.automaton is not None)
+        key = (n, self.automaton is not None, lane)
         if key not in self._grammars:
             pinned = self.device.type == "cuda"
             self._grammars[key] = (

@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Protocol
 
 import torch
@@ -36,10 +37,13 @@ from raptb.adapters.lm.embedded.compiled_rollout import compiled_rollout
 from raptb.adapters.lm.gpu.static_decode import DecodingPolicy, static_rollout
 from raptb.adapters.lm.grammar import unpack_bitmask
 from raptb.adapters.lm.kv_cache import cache_keyword, returned_cache
+from raptb.adapters.lm.lanes import Lanes, split
 from raptb.adapters.lm.rollout_record import (
     Rollout,
     RolloutTimings,
+    concatenated,
     row_temperatures,
+    side_by_side,
     token_log_probs,
 )
 from raptb.adapters.lm.row_prompts import check_rollout_shape, left_padded, row_prompt_ids
@@ -130,6 +134,7 @@ class RolloutPolicy(DecodingPolicy, Protocol):
     path and the lock-step hook of a sharded model (None otherwise)."""
 
     step_together: Callable[[bool], bool] | None
+    lanes: Lanes
 
     @property
     def decode_path(self) -> str: ...
@@ -173,6 +178,8 @@ def sample_rollout(
             generator=generator,
         )
     if not policy.uses_lean_gpt2(policy.model):
+        if policy.lanes.count > 1 and policy.step_together is None and n > 1:
+            return _lane_rollout(policy, prompt, n, min_length, max_length, temperature, generator)
         return _eager_rollout(policy, prompt, n, min_length, max_length, temperature, generator)
     # inference mode skips autograd's bookkeeping (a tenth of the lean rollout's time); its
     # tensors may not enter autograd or be written outside it, so the rows leave as copies
@@ -217,7 +224,7 @@ def eager_logits(
     return logits.float().clone()
 
 
-def _eager_rollout(
+def _lane_rollout(
     policy: RolloutPolicy,
     prompt: str | Sequence[str],
     n: int,
@@ -226,7 +233,50 @@ def _eager_rollout(
     temperature: float | torch.Tensor,
     generator: torch.Generator | None,
 ) -> Rollout:
-    """``sample_rollout`` on the eager path."""
+    """The eager rollout's rows in ``policy.lanes``' lanes side by side (adapters.lm.lanes):
+    contiguous groups of rows, each drawn from a generator of its own seeded from ``generator``
+    in lane order, so the rows depend on the seed and the number of lanes only."""
+    start = time.perf_counter()
+    check_rollout_shape(n, min_length, max_length)
+    groups = split(n, policy.lanes.count)
+    seeds = torch.randint(0, 2**62, (len(groups),), generator=generator).tolist()
+    device = policy.device
+    prompts = [prompt] * n if isinstance(prompt, str) else list(prompt)
+    temp = row_temperatures(temperature, n)
+    work = [
+        partial(
+            _eager_rollout,
+            policy,
+            prompts[rows.start : rows.stop],
+            len(rows),
+            min_length,
+            max_length,
+            temp[rows.start : rows.stop],
+            torch.Generator(device=device).manual_seed(seed),
+            lane,
+        )
+        for lane, (rows, seed) in enumerate(zip(groups, seeds, strict=True))
+    ]
+    was_training = policy.model.training
+    policy.model.eval()  # model-wide: set once here, not by each lane
+    try:
+        parts = policy.lanes.run(work)
+    finally:
+        policy.model.train(was_training)
+    return concatenated(parts, time.perf_counter() - start)
+
+
+def _eager_rollout(
+    policy: RolloutPolicy,
+    prompt: str | Sequence[str],
+    n: int,
+    min_length: int,
+    max_length: int,
+    temperature: float | torch.Tensor,
+    generator: torch.Generator | None,
+    lane: int = 0,
+) -> Rollout:
+    """``sample_rollout`` on the eager path (``lane``: the lane whose grammar state it takes)."""
     check_rollout_shape(n, min_length, max_length)
     start = time.perf_counter()
     model_s = grammar_s = 0.0
@@ -245,7 +295,7 @@ def _eager_rollout(
     pf_cols: list[torch.Tensor] = []
     pterm_cols: list[torch.Tensor] = []
     active = torch.ones(n, dtype=torch.bool, device=device)
-    grammar = policy.grammar_batch(n)
+    grammar = policy.grammar_batch(n, lane)
     if grammar is not None:
         grammar.reset()
     free_mask = torch.ones(n, num_legal + 1, dtype=torch.bool, device=device)
@@ -335,29 +385,10 @@ def _eager_rollout(
         if not lean:
             policy.model.train(was_training)
 
-    tokens = _columns(token_cols, big_t, policy.pad_id, torch.long, n, device)
-    log_pf = _columns(pf_cols, big_t, 0.0, torch.float32, n, device)
-    log_pterm = _columns(pterm_cols, big_t + 1, 0.0, torch.float32, n, device)
+    tokens = side_by_side(token_cols, big_t, policy.pad_id, torch.long, n, device)
+    log_pf = side_by_side(pf_cols, big_t, 0.0, torch.float32, n, device)
+    log_pterm = side_by_side(pterm_cols, big_t + 1, 0.0, torch.float32, n, device)
     rows = [tuple(row[:tau]) for row, tau in zip(tokens.tolist(), length.tolist(), strict=True)]
     texts = [policy.row_text(row) for row in rows]
     timings = RolloutTimings(model_s, grammar_s, time.perf_counter() - start)
     return Rollout(tokens, length, log_pf, log_pterm, texts, rows, timings)
-
-
-def _columns(
-    columns: list[torch.Tensor],
-    width: int,
-    fill: float,
-    dtype: torch.dtype,
-    n: int,
-    device: torch.device,
-) -> torch.Tensor:
-    """[n, width]: the rollout's per-column values side by side, ``fill`` in the columns after
-    the last one computed (every row had stopped: the loop appends one column per step until
-    then and none after, so a column's position is its step)."""
-    if columns and len(columns) == width:
-        return torch.stack(columns, dim=1)
-    out = torch.full((n, width), fill, dtype=dtype, device=device)
-    if columns:
-        out[:, : len(columns)] = torch.stack(columns, dim=1)
-    return out

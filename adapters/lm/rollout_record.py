@@ -3,11 +3,13 @@
 ``Rollout`` is the record of B sampled trajectories in the prefix layout of
 ``raptb.adapters.lm.rollout``; ``token_log_probs`` is the one float32 log-softmax gather that the
 eager and static rollouts and teacher-forced rescoring all use, so they round the same way;
-``row_temperatures`` checks and broadcasts the behaviour temperature of each row.
+``row_temperatures`` checks and broadcasts the behaviour temperature of each row;
+``concatenated`` joins the rollouts of lanes run side by side.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -82,3 +84,42 @@ def row_temperatures(temperature: float | torch.Tensor, n: int) -> torch.Tensor:
     if not bool(torch.all(torch.isfinite(temp) & (temp > 0))):
         raise ValueError("temperature: every value must be finite and > 0")
     return temp
+
+
+def concatenated(parts: Sequence[Rollout], total_s: float) -> Rollout:
+    """The rows of ``parts`` (rollouts of the same T, run side by side in lanes) one after the
+    other; their model and grammar seconds averaged (each lane's share of the wall time), the
+    total ``total_s``."""
+    timings = RolloutTimings(
+        sum(part.timings.model_s for part in parts) / len(parts),
+        sum(part.timings.grammar_s for part in parts) / len(parts),
+        total_s,
+    )
+    return Rollout(
+        torch.cat([part.tokens for part in parts]),
+        torch.cat([part.length for part in parts]),
+        torch.cat([part.log_pf for part in parts]),
+        torch.cat([part.log_pterm for part in parts]),
+        [text for part in parts for text in part.texts],
+        [row for part in parts for row in part.rows],
+        timings,
+    )
+
+
+def side_by_side(
+    columns: list[torch.Tensor],
+    width: int,
+    fill: float,
+    dtype: torch.dtype,
+    n: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """[n, width]: the rollout's per-column values side by side, ``fill`` in the columns after
+    the last one computed (every row had stopped: the loop appends one column per step until
+    then and none after, so a column's position is its step)."""
+    if columns and len(columns) == width:
+        return torch.stack(columns, dim=1)
+    out = torch.full((n, width), fill, dtype=dtype, device=device)
+    if columns:
+        out[:, : len(columns)] = torch.stack(columns, dim=1)
+    return out

@@ -98,10 +98,15 @@ class TrainConfig(Section):
     )
     threads: Annotated[int, Field(ge=1)] | None = Field(
         None,
-        description="torch CPU threads; None: torch's choice (one per core). The embedded tiny "
-        "model takes 1: a second thread speeds its step up by 1.07-1.14x on idle cores, but "
-        "torch's threads make it many times slower when other jobs share the cores "
-        "(benchmarks/step_speed.md).",
+        description="torch CPU threads; None: torch's choice (one per core). The embedded model "
+        "takes 1 (benchmarks/step_speed.md: a second thread 1.07-1.14x on idle cores, many "
+        "times slower when other jobs share them).",
+    )
+    lanes: Annotated[int, Field(ge=1)] | None = Field(
+        None,
+        description="Lanes of a pretrained model's rollout rows and loss micro-batches, side by "
+        "side on one torch thread each (adapters/lm/lanes.py). None: torch's threads for a "
+        "pretrained model on one CPU process, else 1. config.toml records it.",
     )
     keep_freed_memory: bool | None = Field(
         None,

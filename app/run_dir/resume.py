@@ -30,6 +30,7 @@ RESUMABLE_CHANGES = (
     "checkpoint_every",
     "keep_checkpoints",
     "threads",
+    "lanes",
     "keep_freed_memory",
     "time_limit",
     "eval_samples",

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
+import torch
 
+from raptb.adapters.lm.lanes import Lanes, split
 from raptb.app.distribution.distributed import DistContext
 from raptb.app.training.step import LossResult, Trajectories
 from raptb.core.replay import ReplayItem
@@ -20,6 +23,41 @@ GFlowNet's Rewards, the RL baselines' terminal rewards)."""
 MicroBatchLoss = Callable[[MicroBatch, slice], LossResult | None]
 """An algorithm's loss call on a micro-batch (this rank's rows ``slice`` of the step): backward of
 its weighted loss, its LossResult, or None when it is not finite."""
+
+
+def run_micro_batches(
+    batches: Sequence[MicroBatch],
+    loss: MicroBatchLoss,
+    lanes: Lanes | None = None,
+    params: Sequence[torch.Tensor] = (),
+) -> list[tuple[int, LossResult]]:
+    """Each micro-batch's (rows, LossResult), in order, up to the first whose loss is not finite
+    (the ones after it are not run: the step is dropped). With ``lanes`` of more than one,
+    contiguous groups of micro-batches run in lanes side by side, their gradients with respect
+    to ``params`` summed in lane order (adapters.lm.lanes); a group stops at its own first
+    non-finite loss."""
+    sizes = [sum(len(batch.rows) for batch, _ in parts) for parts in batches]
+    starts = np.cumsum([0, *sizes]).tolist()
+
+    def group(indices: range) -> list[tuple[int, LossResult]]:
+        results = []
+        for i in indices:
+            result = loss(batches[i], slice(starts[i], starts[i + 1]))
+            if result is None:
+                break
+            results.append((sizes[i], result))
+        return results
+
+    if lanes is None or lanes.count == 1 or len(batches) < 2:
+        return group(range(len(batches)))
+    groups = split(len(batches), lanes.count)
+    outcomes = lanes.run([partial(group, indices) for indices in groups], gradients=params)
+    results = []
+    for indices, outcome in zip(groups, outcomes, strict=True):
+        results.extend(outcome)
+        if len(outcome) < len(indices):
+            break
+    return results
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from raptb.adapters.lm.lanes import backward
 from raptb.adapters.lm.policy import HFPolicy, to_prefix_batch
 from raptb.adapters.lm.rollout import RolloutTimings
 from raptb.adapters.tasks.registry import TaskSpec, task_spec
@@ -272,7 +273,7 @@ def loss_step(
             loss = loss + extra_term(prefixes)
     if not agreed_finite(loss, agree) or loss is None:
         return None
-    (loss * weight).backward()
+    backward(loss * weight)  # in a lane, into the lane's own sums (adapters.lm.lanes)
     return LossResult(float(loss.detach()), diagnostics)
 
 

@@ -28,6 +28,7 @@ import torch
 from rich.console import Console
 
 from raptb.adapters.lm.heap import NOT_GLIBC, keep_freed_memory
+from raptb.adapters.lm.lanes import Lanes, default_count
 from raptb.adapters.lm.lora import is_peft_model
 from raptb.adapters.lm.precision import dtype_name
 from raptb.adapters.lm.threads import use_threads
@@ -50,9 +51,9 @@ from raptb.app.training.micro_batch import (
     MicroBatchLoss,
     MicroBatchTotals,
     combine_micro_batch,
+    run_micro_batches,
     step_result,
 )
-from raptb.app.training.step import LossResult
 from raptb.app.training.step_batch import step_prompts
 from raptb.app.training.stop_request import StopRequest
 from raptb.app.training.train_progress import StepPace, bar_fields, progress_bar
@@ -153,11 +154,14 @@ class Trainer:
             tiny=config.tiny,
             dtype=config.model_dtype,
         )
-        # config.toml records the dtype that runs and whether freed memory was kept ("auto" and
-        # None resolved on this device)
+        # config.toml records the dtype that runs, whether freed memory was kept and the lanes
+        # ("auto" and None resolved on this device)
         ran = dtype_name(self.policy.model.get_input_embeddings().weight.dtype)
+        lean = self.policy.uses_lean_gpt2(self.policy.model)
+        lanes = config.lanes or default_count(self.dist.device, lean, self.dist.sharding)
+        self.policy.lanes = Lanes(lanes)
         self.cfg = config = config.model_copy(
-            update={"model_dtype": ran, "keep_freed_memory": kept}
+            update={"model_dtype": ran, "keep_freed_memory": kept, "lanes": lanes}
         )
         self.rewards = RewardCaller(
             self.task,
@@ -252,6 +256,7 @@ class Trainer:
         on_policy: int,
         items: Sequence[ReplayItem] = (),
         rewards: Sequence[float] = (),
+        in_lanes: bool = False,
     ) -> MicroBatchTotals | None:
         """The skeleton of an optimizer step over micro-batches, which the algorithms share.
 
@@ -262,16 +267,11 @@ class Trainer:
         ``correct`` texts, ``on_policy`` rows, new replay ``items``, ``rewards``;
         app.training.micro_batch) and the successful texts counted; then the gradients are
         applied and the totals returned, or, when a loss was not finite on some rank, dropped:
-        None, every rank skipping the step together."""
-        results: list[tuple[int, LossResult]] = []
-        first = 0
-        for parts in batches:
-            size = sum(len(batch.rows) for batch, _ in parts)
-            result = loss(parts, slice(first, first + size))
-            first += size
-            if result is None:
-                break
-            results.append((size, result))
+        None, every rank skipping the step together. ``in_lanes``: in the policy's lanes
+        (``run_micro_batches``: the loss backpropagates by ``lanes.backward``, shares no state)."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        lanes = self.policy.lanes if in_lanes else None
+        results = run_micro_batches(batches, loss, lanes, [p for p in params if p.requires_grad])
         finite = len(results) == len(batches)
         totals = combine_micro_batch(
             self.dist,

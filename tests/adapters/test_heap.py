@@ -20,35 +20,48 @@ def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 def resident_mib():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
-block = torch.ones(16 * 2**20)  # 64 MiB: over glibc's largest mmap threshold (32 MiB)
-held = resident_mib()
-del block
-freed = held - resident_mib()
-before = faults()
-block = torch.ones(12 * 2**20)  # 48 MiB: fits in the freed block
-print(applied, faults() - before, freed)
+def blocks(out):
+    block = torch.ones(16 * 2**20)  # 64 MiB: over glibc's largest mmap threshold (32 MiB)
+    held = resident_mib()
+    del block
+    out.append(held - resident_mib())
+    before = faults()
+    block = torch.ones(12 * 2**20)  # 48 MiB: fits in the freed block
+    out.insert(0, faults() - before)
+out = []
+if sys.argv[2] == "thread":  # a thread of its own (a lane), started after the setting
+    import threading
+    lane = threading.Thread(target=blocks, args=(out,))
+    lane.start()
+    lane.join()
+else:
+    blocks(out)
+print(applied, *out)
 """
 
 pytestmark = pytest.mark.skipif(glibc_mallopt() is None, reason="glibc's malloc only")
 
 
-def _probe(mode: str) -> tuple[str, int, float]:
-    """(whether the setting applied, the second block's page faults, MiB released on free)."""
+def _probe(mode: str, where: str = "main") -> tuple[str, int, float]:
+    """(whether the setting applied, the second block's page faults, MiB released on free), the
+    blocks allocated in the main thread or in a ``thread`` started after the setting."""
     out = subprocess.run(
-        [sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True
+        [sys.executable, "-c", PROBE, mode, where], capture_output=True, text=True, check=True
     ).stdout.split()
     return out[0], int(out[1]), float(out[2])
 
 
-def test_a_freed_block_stays_and_is_reused_without_faults() -> None:
-    applied, faults, freed = _probe("keep")
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_a_freed_block_stays_and_is_reused_without_faults(where: str) -> None:
+    applied, faults, freed = _probe("keep", where)
     assert applied == "True"
     assert freed < 8  # still resident
     assert faults < 500  # 12,288 pages of 4 KiB when the block is mapped anew
 
 
-def test_without_it_the_block_goes_back_and_the_next_is_faulted_in() -> None:
-    applied, faults, freed = _probe("default")
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_without_it_the_block_goes_back_and_the_next_is_faulted_in(where: str) -> None:
+    applied, faults, freed = _probe("default", where)
     assert applied == "False"
     assert freed > 56
     assert faults > 8000

@@ -203,7 +203,9 @@ class GFlowNetAlgorithm:
             for item in new_items(loop.task, piece, rewards, loop.spec)
         ]
         on_policy = sum(len(piece.on_policy) for piece in step.pieces)
-        totals = loop.accumulate(batches, loss, correct=correct, on_policy=on_policy, items=items)
+        totals = loop.accumulate(
+            batches, loss, correct=correct, on_policy=on_policy, items=items, in_lanes=True
+        )
         if totals is None:
             return None  # every rank skips the step together
         if self.buffer is not None and totals.items:

@@ -1,0 +1,155 @@
+"""Lanes: a step's work in parts side by side, each in a thread with torch threads of its own.
+
+A pretrained model's step on a CPU is products of 32-128 rows, one token at a time in the rollout,
+through 210 LoRA layers: torch's threads split each such product between the cores and scale
+poorly (SmolLM2-135M, the SMILES preset's 128-row step: two threads 1.46x one). The same work
+split by rows instead, each part in a thread of its own on one torch thread (on two cores; on
+more, its share of torch's threads), keeps every product whole on one core: measured, the
+rollout's 128 rows as two lanes of 64 and the four 32-row rescorings and backwards as two lanes
+of two (benchmarks/pretrained_step.md, "Lanes").
+
+:class:`Lanes` runs such parts (``run``); a count of 1 runs them one after the other in the
+caller's thread, exactly as before. Work in a lane must not switch the model's mode or peft's
+adapter (model-wide state): the caller sets them around ``run``.
+
+What a lane draws is its own, so a run is the same for the same seed and lanes, whichever thread
+finishes first: ``run`` draws each lane a seed from torch's global generator, in lane order, for
+the dropout masks drawn in the lane (``adapters.lm.cpu_dropout``); a rollout's lanes take seeds
+from the rollout's generator (``adapters.lm.rollout``). A backward in a lane (:func:`backward`)
+adds its gradients to the lane's own sums, which ``run(..., gradients=params)`` adds to the
+parameters' ``.grad`` in lane order after every lane has finished (torch's own accumulation from
+two threads would add them in whichever order they come).
+
+Threads, not processes: torch releases Python's lock inside its operations, and the model and its
+gradients stay one copy. ``concurrent.futures`` (the standard library) holds the threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import torch
+
+from raptb.adapters.lm import cpu_dropout
+
+T = TypeVar("T")
+_SEED_HIGH = 2**62
+_local = threading.local()
+
+
+DEFAULT_LANES = 2
+"""``lanes = None``'s count where lanes run: two halves of the rows, measured on two cores; on more
+cores each lane takes its share of torch's threads, so that no product is cut into slivers of a
+few rows (not measured here: a machine with more cores may prefer torch's own threads alone,
+``lanes = 1``)."""
+
+
+def default_count(device: torch.device, lean: bool, sharding: object | None) -> int:
+    """``lanes = None``'s count: ``DEFAULT_LANES`` (at most torch's thread count) for a pretrained
+    model (one the lean embedded path does not run) on a CPU, in a process whose model is not
+    sharded (``sharding`` None); else 1."""
+    if device.type != "cpu" or lean or sharding is not None:
+        return 1
+    return min(DEFAULT_LANES, torch.get_num_threads())
+
+
+def split(count: int, parts: int) -> list[range]:
+    """``count`` items in at most ``parts`` contiguous ranges of sizes differing by at most one
+    (the first ones larger); no empty range."""
+    parts = max(1, min(parts, count))
+    size, extra = divmod(count, parts)
+    ranges, start = [], 0
+    for lane in range(parts):
+        stop = start + size + (lane < extra)
+        ranges.append(range(start, stop))
+        start = stop
+    return ranges
+
+
+class _Sums:
+    """A lane's gradient sums over ``params`` (None where nothing was added)."""
+
+    def __init__(self, params: Sequence[torch.Tensor]) -> None:
+        self.params = list(params)
+        self.grads: list[torch.Tensor | None] = [None] * len(self.params)
+
+    def add(self, tensor: torch.Tensor) -> None:
+        grads = torch.autograd.grad(tensor, self.params, allow_unused=True)
+        for i, grad in enumerate(grads):
+            if grad is not None:
+                self.grads[i] = grad if self.grads[i] is None else self.grads[i] + grad
+
+
+def backward(tensor: torch.Tensor) -> None:
+    """``tensor.backward()``; in a lane of ``run(..., gradients=params)``, its gradients with
+    respect to ``params`` added to the lane's sums instead (the module docstring)."""
+    sums = getattr(_local, "sums", None)
+    if sums is None:
+        tensor.backward()
+    else:
+        sums.add(tensor)
+
+
+class Lanes:
+    """Up to ``count`` parts of work side by side (the module docstring)."""
+
+    def __init__(self, count: int, threads: int | None = None) -> None:
+        """``threads``: torch threads in each lane; None: torch's thread count now divided among
+        the lanes (at least one each)."""
+        if count < 1:
+            raise ValueError(f"lanes: must be >= 1, got {count}")
+        self.count = count
+        self.threads = max(1, torch.get_num_threads() // count) if threads is None else threads
+        self._pool: ThreadPoolExecutor | None = None
+
+    def run(
+        self,
+        work: Sequence[Callable[[], T]],
+        gradients: Sequence[torch.Tensor] | None = None,
+    ) -> list[T]:
+        """Each callable's result, in order; one lane each (at most ``count`` at a time).
+
+        gradients: the parameters whose gradients a lane's :func:`backward` sums; added to their
+        ``.grad`` in lane order once all have run. With one lane, or one callable, the work runs
+        in the caller's thread and a backward accumulates as ``tensor.backward()`` does."""
+        if self.count == 1 or len(work) <= 1:
+            return [fn() for fn in work]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                self.count,
+                thread_name_prefix="raptb-lane",
+                initializer=torch.set_num_threads,
+                initargs=(self.threads,),
+            )
+        seeds = [int(torch.randint(0, _SEED_HIGH, (), dtype=torch.int64)) for _ in work]
+        sums = [None if gradients is None else _Sums(gradients) for _ in work]
+        futures = [
+            self._pool.submit(_in_lane, fn, seed, lane_sums)
+            for fn, seed, lane_sums in zip(work, seeds, sums, strict=True)
+        ]
+        results = [future.result() for future in futures]
+        if gradients is not None:
+            for i, param in enumerate(gradients):
+                for lane_sums in sums:
+                    grad = lane_sums.grads[i] if lane_sums is not None else None
+                    if grad is not None:
+                        param.grad = grad if param.grad is None else param.grad + grad
+        return results
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+
+def _in_lane(fn: Callable[[], T], seed: int, sums: _Sums | None) -> T:
+    _local.sums = sums
+    generator = torch.Generator().manual_seed(seed)
+    try:
+        with cpu_dropout.drawing_from(generator):
+            return fn()
+    finally:
+        _local.sums = None
