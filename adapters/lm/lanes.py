@@ -9,8 +9,10 @@ rollout's 128 rows as two lanes of 64 and the four 32-row rescorings and backwar
 of two (benchmarks/pretrained_step.md, "Lanes").
 
 :class:`Lanes` runs such parts (``run``); a count of 1 runs them one after the other in the
-caller's thread, exactly as before. Work in a lane must not switch the model's mode or peft's
-adapter (model-wide state): the caller sets them around ``run``.
+caller's thread, exactly as before. The GFlowNet step runs its micro-batches in lanes; the RL
+baselines' losses keep state across micro-batches (entropy sums, PPO's passes) and run in turn.
+Work in a lane must not switch the model's mode or peft's adapter (model-wide state): the caller
+sets them around ``run``.
 
 What a lane draws is its own, so a run is the same for the same seed and lanes, whichever thread
 finishes first: ``run`` draws each lane a seed from torch's global generator, in lane order, for

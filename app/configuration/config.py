@@ -73,11 +73,10 @@ class TrainConfig(Section):
     )
     model_dtype: ModelDtype = Field(
         "auto",
-        description="Dtype of the model's weights: float32; bfloat16, for a pretrained model with "
-        "LoRA (bfloat16 base weights; adapters, logZ and log-probabilities float32; on a CPU with "
-        "AVX512_BF16 or AMX, whose bfloat16 products run ~2.2x faster: adapters/lm/precision.py, "
-        "benchmarks/pretrained_step.md); or auto: float32 on a CPU, bfloat16 on a CUDA GPU that "
-        "supports it. config.toml records the dtype that ran.",
+        description="Dtype of the model's weights: float32; bfloat16 for a pretrained model with "
+        "LoRA (adapters, logZ, log-probabilities float32; ~2.2x faster products on a CPU with "
+        "AVX512_BF16 or AMX: adapters/lm/precision.py); auto: float32 on a CPU, bfloat16 on a "
+        "CUDA GPU that supports it. config.toml records the dtype that ran.",
     )
     tiny: TinyConfig = Field(TinyConfig(), description="Shape of the embedded model.")
     seed: int = Field(0, description="Seed for python, numpy, torch.")
@@ -104,9 +103,9 @@ class TrainConfig(Section):
     )
     lanes: Annotated[int, Field(ge=1)] | None = Field(
         None,
-        description="Lanes of a pretrained model's rollout rows and loss micro-batches, side by "
-        "side on one torch thread each (adapters/lm/lanes.py). None: torch's threads for a "
-        "pretrained model on one CPU process, else 1. config.toml records it.",
+        description="Lanes side by side, one torch thread each, of a pretrained model's rollout "
+        "rows and GFlowNet loss micro-batches (adapters/lm/lanes.py). None: 2 for a pretrained "
+        "model on one CPU process, else 1. config.toml records it.",
     )
     keep_freed_memory: bool | None = Field(
         None,
