@@ -15,18 +15,17 @@ micro-batches of 32, all on-policy, as ``benchmarks/train_step.py --optimizer-st
 this checkout's code and one on BASE's (or, with ``--against-threads`` and no BASE, both on this
 checkout, one on ``--threads`` and one on that many), and take optimizer steps in turn, one at a
 time (the side that goes first alternates), so both see the same machine load. Each step is
-timed by ``train_step.timed_optimizer_step``'s stages, in CPU seconds of the process
-(``time.process_time``: on a machine other jobs share, the wall time of a stage counts the time
-it waited for a core; its CPU time does not; ``--clock wall`` for thread counts compared) and the
-step's wall seconds beside them. After the timed steps each worker counts one more step's
-floating-point operations by stage (torch's ``FlopCounterMode``: matrix products and attention,
-forward and backward; the stages' boundaries read its running total). Two processes of ~2.5 GB
-taking turns can slow each other down on a virtual machine (the preset's Expr24 step on one
-thread: 34 s interleaved with a two-thread process, 23 s alone; SMILES's 30.6 and 29.0 s):
+timed by ``train_step.timed_optimizer_step``'s stages, in CPU seconds of the process (a stage's
+wall time would count its waits for a core on a shared machine; ``--clock wall`` for thread
+counts compared) and the step's wall seconds beside them. After the timed steps each worker
+counts one more step's floating-point operations by stage (torch's ``FlopCounterMode``; the
+stages' boundaries read its running total). Two processes of ~2.5 GB taking turns can slow each
+other down on a virtual machine (the preset's Expr24 step: 34 s interleaved, 23 s alone):
 ``--alone`` runs one process, for the absolute seconds a floor is compared with. With
 ``--floor`` (GFLOP/s a thread, ``benchmarks/floor.py``'s) each stage's seconds are divided by its
 floor; with ``--product-floor`` (``--clock wall``, this checkout only) by its products' seconds
-alone, each timed at its own shape in the worker after the timed steps (``shape_floor.py``).
+alone, each timed at its own shape in the worker after the timed steps (``shape_floor.py``;
+``--product-floor memory``: each product's operands read from memory, not from the caches).
 Prints a markdown table (medians over the timed steps) and writes it to ``--out`` when given.
 
 The dtype arm, float32 against bfloat16, is ``--dtypes`` (``pretrained_dtypes.py``).
@@ -91,19 +90,20 @@ def worker(args: argparse.Namespace) -> None:
     train_step.time = types.SimpleNamespace(perf_counter=clock)
     print(json.dumps({"ready": True, "decode": trainer.policy.decode_path}), flush=True)
     for line in sys.stdin:
-        if line.strip() in ("flops", "flops+floor"):
+        if line.strip() in ("flops", "flops+floor", "flops+floor:memory"):
             # the stages' boundaries read one complex number: the FLOPs counted so far (real part)
             # and, for the floor, the products' seconds alone so far with the rest of the counted
             # FLOPs (attention) at the square product's rate (imaginary part; shape_floor.py):
             # one step gives both by stage
             from shape_floor import ProductFloor, square_rate
 
-            floor = line.strip() == "flops+floor"
+            floor = line.strip().startswith("flops+floor")
+            from_memory = line.strip().endswith(":memory")  # operands read from memory
             # torch's dispatch modes see their own thread only: the counted step runs in one lane
             # (the same work, so the same FLOPs; its seconds are not the ones reported)
             lanes, trainer.policy.lanes = trainer.policy.lanes, Lanes(1)
             rate = square_rate() if floor else 1.0  # measured before anything is counted
-            with ProductFloor() if floor else contextlib.nullcontext() as products:
+            with ProductFloor(from_memory) if floor else contextlib.nullcontext() as products:
                 with FlopCounterMode(display=False) as counter:
                     train_step.time = types.SimpleNamespace(
                         perf_counter=functools.partial(_reading, products, counter, rate)
@@ -235,7 +235,8 @@ def compare(args: argparse.Namespace, task: str) -> list[str]:
                 file=sys.stderr,
                 flush=True,
             )
-    counted = [side.ask("flops+floor" if args.product_floor else "flops") for side in sides]
+    ask = {None: "flops", "cache": "flops+floor", "memory": "flops+floor:memory"}
+    counted = [side.ask(ask[args.product_floor]) for side in sides]
     for side in sides:
         side.close()
     return table(args, task, sides, counted)
@@ -256,7 +257,8 @@ def table(
     if args.floor:
         head += "".join(f" {side.name} / floor |" for side in sides)
     if args.product_floor:
-        head += "".join(f" {side.name} / product floor |" for side in sides)
+        floor = "product floor" + (", from memory" if args.product_floor == "memory" else "")
+        head += "".join(f" {side.name} / {floor} |" for side in sides)
     rows = [head, "|---" * head.count(" |") + "|"]
     floors = (len(sides) if args.floor else 0) + (len(sides) if args.product_floor else 0)
     blank = " |" * (floors + 1)  # GFLOP and floor cells left empty
@@ -348,9 +350,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--product-floor",
-        action="store_true",
+        nargs="?",
+        const="cache",
+        choices=["cache", "memory"],
         help="each stage's seconds over its products' seconds alone at their own shapes "
-        "(shape_floor.py), measured in each worker after the timed steps",
+        "(shape_floor.py), measured in each worker after the timed steps; 'memory': each "
+        "product's operands read from memory, as a step reads its weights",
     )
     parser.add_argument(
         "--floor",
