@@ -18,7 +18,9 @@ out alone, up to float rounding.
 
 The forwards go through ``raptb.adapters.lm.embedded.lean_gpt2`` where it supports the model (the
 embedded GPT-2: a shared prompt computed once, a few operations per block), else through the model's
-own forward and transformers' cache; both give the same logits to float rounding.
+own forward and transformers' cache; both give the same logits to float rounding. On the latter,
+with ``policy.lanes`` of more than one, the rows are split into lanes side by side, each rolled out
+from a seed of its own (``adapters.lm.lanes``).
 """
 
 from __future__ import annotations
