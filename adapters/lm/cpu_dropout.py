@@ -28,7 +28,9 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-_SEED_HIGH = 2**62
+SEED_HIGH = 2**62
+"""Seeds drawn from torch's generators for NumPy's (and a lane's, ``adapters.lm.lanes``) lie in
+[0, SEED_HIGH)."""
 _local = threading.local()
 
 
@@ -87,7 +89,7 @@ class FastDropout(torch.nn.Dropout):
         if self.p == 1.0:
             return x * 0.0
         generator = getattr(_local, "generator", None)
-        seed = int(torch.randint(0, _SEED_HIGH, (), dtype=torch.int64, generator=generator))
+        seed = int(torch.randint(0, SEED_HIGH, (), dtype=torch.int64, generator=generator))
         drop = dropped(byte_source(np.random.SFC64(seed)), x.numel(), self.p)
         mask = np.multiply(~drop, 1.0 / (1.0 - self.p), dtype=np.float32).reshape(x.shape)
         return x * torch.from_numpy(mask).to(x.dtype)

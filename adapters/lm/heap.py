@@ -62,4 +62,4 @@ def keep_freed_memory() -> bool:
     if mallopt is None:
         return False
     settings = ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1), (M_ARENA_MAX, 1))
-    return all([bool(mallopt(option, value)) for option, value in settings])
+    return all([bool(mallopt(option, value)) for option, value in settings])  # each one set

@@ -38,7 +38,6 @@ import torch
 from raptb.adapters.lm import cpu_dropout
 
 T = TypeVar("T")
-_SEED_HIGH = 2**62
 _local = threading.local()
 
 
@@ -49,11 +48,31 @@ few rows (not measured here: a machine with more cores may prefer torch's own th
 ``lanes = 1``)."""
 
 
-def default_count(device: torch.device, lean: bool, sharding: object | None) -> int:
-    """``lanes = None``'s count: ``DEFAULT_LANES`` (at most torch's thread count) for a pretrained
-    model (one the lean embedded path does not run) on a CPU, in a process whose model is not
-    sharded (``sharding`` None); else 1."""
-    if device.type != "cpu" or lean or sharding is not None:
+SHARDED_ONE_LANE = (
+    "lanes: a sharded model's forwards and backwards are collectives every process runs in the "
+    "same order, so it runs one lane (drop lanes, or set it to 1)"
+)
+"""The run's warning where ``lanes`` > 1 meets a sharded model."""
+
+
+def lane_count(
+    asked: int | None,
+    device: torch.device,
+    lean: bool,
+    sharding: object | None,
+    warn: Callable[[str], None],
+) -> int:
+    """The lanes a run takes: ``asked`` (``lanes``), or where it is None ``DEFAULT_LANES`` (at
+    most torch's thread count) for a pretrained model (one the lean embedded path does not run)
+    on a CPU, else 1; always 1 for a sharded model (``sharding`` not None; ``warn`` told where
+    more were asked)."""
+    if sharding is not None:
+        if asked is not None and asked > 1:
+            warn(SHARDED_ONE_LANE)
+        return 1
+    if asked is not None:
+        return asked
+    if device.type != "cpu" or lean:
         return 1
     return min(DEFAULT_LANES, torch.get_num_threads())
 
@@ -126,25 +145,18 @@ class Lanes:
                 initializer=torch.set_num_threads,
                 initargs=(self.threads,),
             )
-        seeds = [int(torch.randint(0, _SEED_HIGH, (), dtype=torch.int64)) for _ in work]
+        seeds = torch.randint(0, cpu_dropout.SEED_HIGH, (len(work),)).tolist()
         sums = [None if gradients is None else _Sums(gradients) for _ in work]
         futures = [
             self._pool.submit(_in_lane, fn, seed, lane_sums)
             for fn, seed, lane_sums in zip(work, seeds, sums, strict=True)
         ]
         results = [future.result() for future in futures]
-        if gradients is not None:
-            for i, param in enumerate(gradients):
-                for lane_sums in sums:
-                    grad = lane_sums.grads[i] if lane_sums is not None else None
-                    if grad is not None:
-                        param.grad = grad if param.grad is None else param.grad + grad
+        for lane_sums in sums if gradients is not None else ():  # in lane order
+            for param, grad in zip(gradients, lane_sums.grads, strict=True):
+                if grad is not None:
+                    param.grad = grad if param.grad is None else param.grad + grad
         return results
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
 
 
 def _in_lane(fn: Callable[[], T], seed: int, sums: _Sums | None) -> T:

@@ -34,6 +34,7 @@ from typing import Protocol
 import torch
 
 from raptb.adapters.lm import shared_prompts
+from raptb.adapters.lm.cpu_dropout import SEED_HIGH
 from raptb.adapters.lm.embedded import lean_gpt2
 from raptb.adapters.lm.embedded.compiled_rollout import compiled_rollout
 from raptb.adapters.lm.gpu.static_decode import DecodingPolicy, static_rollout
@@ -241,7 +242,7 @@ def _lane_rollout(
     start = time.perf_counter()
     check_rollout_shape(n, min_length, max_length)
     groups = split(n, policy.lanes.count)
-    seeds = torch.randint(0, 2**62, (len(groups),), generator=generator).tolist()
+    seeds = torch.randint(0, SEED_HIGH, (len(groups),), generator=generator).tolist()
     device = policy.device
     prompts = [prompt] * n if isinstance(prompt, str) else list(prompt)
     temp = row_temperatures(temperature, n)

@@ -105,7 +105,7 @@ class TrainConfig(Section):
         None,
         description="Lanes side by side, one torch thread each, of a pretrained model's rollout "
         "rows and GFlowNet loss micro-batches (adapters/lm/lanes.py). None: 2 for a pretrained "
-        "model on one CPU process, else 1. config.toml records it.",
+        "model on a CPU, else 1; a sharded model takes 1. config.toml records it.",
     )
     keep_freed_memory: bool | None = Field(
         None,

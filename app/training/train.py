@@ -28,7 +28,7 @@ import torch
 from rich.console import Console
 
 from raptb.adapters.lm.heap import NOT_GLIBC, keep_freed_memory
-from raptb.adapters.lm.lanes import Lanes, default_count
+from raptb.adapters.lm.lanes import Lanes, lane_count
 from raptb.adapters.lm.lora import is_peft_model
 from raptb.adapters.lm.precision import dtype_name
 from raptb.adapters.lm.threads import use_threads
@@ -158,7 +158,7 @@ class Trainer:
         # ("auto" and None resolved on this device)
         ran = dtype_name(self.policy.model.get_input_embeddings().weight.dtype)
         lean = self.policy.uses_lean_gpt2(self.policy.model)
-        lanes = config.lanes or default_count(self.dist.device, lean, self.dist.sharding)
+        lanes = lane_count(config.lanes, self.dist.device, lean, self.dist.sharding, self.warn)
         self.policy.lanes = Lanes(lanes)
         self.cfg = config = config.model_copy(
             update={"model_dtype": ran, "keep_freed_memory": kept, "lanes": lanes}

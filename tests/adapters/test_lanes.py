@@ -9,8 +9,9 @@
 - the rollout: a lane rollout's rows are those of each lane's rows rolled out alone from the seed
   drawn for that lane (per-row prompts and temperatures, with and without a grammar), the same on
   a second call, and the model's mode is restored;
-- ``default_count``: two lanes (at most torch's threads) for a pretrained model on one CPU
-  process, else 1; each lane its share of torch's threads.
+- ``lane_count``: the lanes asked, or two (at most torch's threads) for a pretrained model on a
+  CPU, else 1; a sharded model one, with a warning where more were asked; each lane its share
+  of torch's threads.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raptb.adapters.lm.lanes import Lanes, backward, default_count, split
+from raptb.adapters.lm.lanes import SHARDED_ONE_LANE, Lanes, backward, lane_count, split
 from raptb.adapters.lm.policy import HFPolicy
 from raptb.app.training.micro_batch import run_micro_batches
 from tests.adapters.test_policy import PROMPT
@@ -147,20 +148,28 @@ def test_a_lane_rollout_is_each_lanes_rows_rolled_out_from_its_seed(grammar: str
     assert len(set(both.length.tolist())) > 1  # rows stop at different lengths
 
 
-def test_default_count() -> None:
+def test_lane_count() -> None:
     cpu = torch.device("cpu")
+    warned: list[str] = []
+
+    def count(asked: int | None, device: torch.device = cpu, **kw: object) -> int:
+        return lane_count(asked, device, kw.get("lean", False), kw.get("sharding"), warned.append)
+
     torch.set_num_threads(2)
     try:
-        assert default_count(cpu, lean=False, sharding=None) == 2
+        assert count(None) == 2
         assert Lanes(2).threads == 1
         torch.set_num_threads(4)  # more cores: two lanes, each with its share of the threads
-        assert default_count(cpu, lean=False, sharding=None) == 2
+        assert count(None) == 2
         assert Lanes(2).threads == 2
     finally:
         torch.set_num_threads(1)
-    assert default_count(cpu, lean=False, sharding=None) == 1
-    assert default_count(cpu, lean=True, sharding=None) == 1
-    assert default_count(cpu, lean=False, sharding=object()) == 1
-    assert default_count(torch.device("cuda"), lean=False, sharding=None) == 1
+    assert count(None) == 1
+    assert count(None, lean=True) == 1
+    assert count(None, torch.device("cuda")) == 1
+    assert count(3) == 3 and count(3, lean=True) == 3  # asked: taken as asked
+    assert warned == []
+    assert count(None, sharding=object()) == 1 and warned == []
+    assert count(2, sharding=object()) == 1 and warned == [SHARDED_ONE_LANE]
     with pytest.raises(ValueError, match="lanes: must be >= 1"):
         Lanes(0)

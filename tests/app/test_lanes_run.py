@@ -1,5 +1,5 @@
 """``lanes`` through a run: None resolves to 1 on the embedded model (adapters.lm.lanes'
-``default_count``) and config.toml records what ran; two lanes run a GFlowNet step's two
+``lane_count``) and config.toml records what ran; two lanes run a GFlowNet step's two
 micro-batches side by side and train the same weights as one lane, within float32 reordering."""
 
 from __future__ import annotations
