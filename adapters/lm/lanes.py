@@ -22,6 +22,9 @@ adds its gradients to the lane's own sums, which ``run(..., gradients=params)`` 
 parameters' ``.grad`` in lane order after every lane has finished (torch's own accumulation from
 two threads would add them in whichever order they come).
 
+A lane runs under its caller's autograd modes (``torch.no_grad``, ``torch.inference_mode``), which
+are the caller's thread's own and a new thread would not have.
+
 Threads, not processes: torch releases Python's lock inside its operations, and the model and its
 gradients stay one copy. ``concurrent.futures`` (the standard library) holds the threads.
 """
@@ -31,7 +34,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import torch
 
@@ -147,8 +150,9 @@ class Lanes:
             )
         seeds = torch.randint(0, cpu_dropout.SEED_HIGH, (len(work),)).tolist()
         sums = [None if gradients is None else _Sums(gradients) for _ in work]
+        modes = _Modes(torch.is_grad_enabled(), torch.is_inference_mode_enabled())
         futures = [
-            self._pool.submit(_in_lane, fn, seed, lane_sums)
+            self._pool.submit(_in_lane, fn, seed, lane_sums, modes)
             for fn, seed, lane_sums in zip(work, seeds, sums, strict=True)
         ]
         results = [future.result() for future in futures]
@@ -159,11 +163,22 @@ class Lanes:
         return results
 
 
-def _in_lane(fn: Callable[[], T], seed: int, sums: _Sums | None) -> T:
+class _Modes(NamedTuple):
+    """The caller's autograd modes, which are its thread's own: a lane runs under them."""
+
+    grad: bool
+    inference: bool
+
+
+def _in_lane(fn: Callable[[], T], seed: int, sums: _Sums | None, modes: _Modes) -> T:
     _local.sums = sums
     generator = torch.Generator().manual_seed(seed)
     try:
-        with cpu_dropout.drawing_from(generator):
+        with (
+            torch.inference_mode(modes.inference),
+            torch.set_grad_enabled(modes.grad),
+            cpu_dropout.drawing_from(generator),
+        ):
             return fn()
     finally:
         _local.sums = None

@@ -12,6 +12,7 @@
 - ``lane_count``: the lanes asked, or two (at most torch's threads) for a pretrained model on a
   CPU, else 1; a sharded model one, with a warning where more were asked; each lane its share
   of torch's threads.
+- lanes run under their caller's autograd modes (no_grad, inference_mode).
 """
 
 from __future__ import annotations
@@ -173,3 +174,21 @@ def test_lane_count() -> None:
     assert count(2, sharding=object()) == 1 and warned == [SHARDED_ONE_LANE]
     with pytest.raises(ValueError, match="lanes: must be >= 1"):
         Lanes(0)
+
+
+def test_lanes_run_under_the_callers_autograd_modes() -> None:
+    """Grad and inference modes are a thread's own: a lane takes its caller's (a lane rollout under
+    ``torch.no_grad`` must not record a graph)."""
+    weight = torch.ones(2, requires_grad=True)
+
+    def seen() -> tuple[bool, bool, bool]:
+        out = weight * 2
+        return torch.is_grad_enabled(), torch.is_inference_mode_enabled(), out.requires_grad
+
+    lanes = Lanes(2)
+    assert lanes.run([seen, seen]) == [(True, False, True)] * 2
+    with torch.no_grad():
+        assert lanes.run([seen, seen]) == [(False, False, False)] * 2
+    with torch.inference_mode():
+        assert lanes.run([seen, seen]) == [(False, True, False)] * 2
+    assert lanes.run([seen, seen]) == [(True, False, True)] * 2
