@@ -20,7 +20,7 @@ The forwards go through ``raptb.adapters.lm.embedded.lean_gpt2`` where it suppor
 embedded GPT-2: a shared prompt computed once, a few operations per block), else through the model's
 own forward and transformers' cache; both give the same logits to float rounding. On the latter,
 with ``policy.lanes`` of more than one, the rows are split into lanes side by side, each rolled out
-from a seed of its own (``adapters.lm.lanes``).
+from a seed of its own (``adapters.lm.lanes``), their prompts forwarded once for all lanes.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ import torch
 
 from raptb.adapters.lm import shared_prompts
 from raptb.adapters.lm.cpu_dropout import SEED_HIGH
+from raptb.adapters.lm.decoders import Decoder, LeanDecoder, ModelDecoder
 from raptb.adapters.lm.embedded import lean_gpt2
 from raptb.adapters.lm.embedded.compiled_rollout import compiled_rollout
 from raptb.adapters.lm.gpu.static_decode import DecodingPolicy, static_rollout
 from raptb.adapters.lm.grammar import unpack_bitmask
-from raptb.adapters.lm.kv_cache import cache_keyword, returned_cache
 from raptb.adapters.lm.lanes import Lanes, split
 from raptb.adapters.lm.rollout_record import (
     Rollout,
@@ -49,86 +49,8 @@ from raptb.adapters.lm.rollout_record import (
     side_by_side,
     token_log_probs,
 )
-from raptb.adapters.lm.row_prompts import check_rollout_shape, left_padded, row_prompt_ids
+from raptb.adapters.lm.row_prompts import check_rollout_shape, row_prompt_ids
 from raptb.adapters.lm.vllm_rollout import vllm_rollout
-
-
-class _Decoder(Protocol):
-    """The model's next-token logits of n rows in lock step: ``prompt_logits`` [n, V] after the
-    prompts, then ``next_logits(tokens)`` [n, V] after each row's next token ``tokens`` [n]."""
-
-    prompt_logits: torch.Tensor
-
-    def next_logits(self, tokens: torch.Tensor) -> torch.Tensor: ...
-
-
-class _ModelDecoder:
-    """``_Decoder`` through the model's own forward and transformers' KV cache: prompts
-    left-padded (``left_padded``'s ids, attention mask 0 on pads, each row's own position ids),
-    then one token a call. With ``shared``, each distinct prompt is forwarded once and its keys and
-    values given to its rows (``shared_prompts.PromptPast``; not for a model sharded across
-    processes, whose forwards must enter at its root)."""
-
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        prompt_rows: list[list[int]],
-        pad_id: int,
-        max_length: int,
-        shared: bool,
-    ) -> None:
-        self.model, self.calls = model, 0
-        self.keyword = cache_keyword(model)
-        if shared:
-            past = shared_prompts.PromptPast(model, prompt_rows, pad_id)
-            self.width, self.next_position, attention = past.width, past.next_position, past.mask
-            self.cache = past.cache()
-            self.prompt_logits = past.state0_logits
-            if attention is None:  # no prompt has pads
-                attention = past.next_position.new_ones(len(prompt_rows), past.width)
-        else:
-            ids, attention, positions = left_padded(
-                prompt_rows, pad_id, next(model.parameters()).device
-            )
-            self.width = ids.shape[1]
-            out = model(
-                input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True
-            )
-            self.cache = returned_cache(out, self.keyword)
-            self.next_position = positions[:, -1:] + 1
-            self.prompt_logits = out.logits[:, -1, :]
-        # the prompt's mask (0 on left pads), then ones for the generated tokens
-        self.attention = torch.cat([attention, attention.new_ones(len(attention), max_length)], 1)
-
-    def next_logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        out = self.model(
-            input_ids=tokens[:, None],
-            attention_mask=self.attention[:, : self.width + self.calls + 1],
-            position_ids=self.next_position + self.calls,
-            use_cache=True,
-            **{self.keyword: self.cache},
-        )
-        self.cache = returned_cache(out, self.keyword)
-        self.calls += 1
-        return out.logits[:, -1, :]
-
-
-class _LeanDecoder:
-    """``_Decoder`` through ``raptb.adapters.lm.embedded.lean_gpt2``, from its
-    ``prompt_logits_and_past`` (a prompt shared by every row computed once)."""
-
-    def __init__(self, model: torch.nn.Module, prompts: lean_gpt2.PromptState) -> None:
-        self.model = model
-        self.prompt_logits, self.past, self.position, self.key_mask = prompts
-
-    def next_logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        if self.key_mask is not None:
-            self.key_mask = torch.cat([self.key_mask, self.key_mask.new_ones(len(tokens), 1)], 1)
-        logits, self.past = lean_gpt2.forward(
-            self.model, tokens[:, None], self.position, self.past, self.key_mask
-        )
-        self.position = self.position + 1
-        return logits[:, -1, :]
 
 
 class RolloutPolicy(DecodingPolicy, Protocol):
@@ -207,18 +129,18 @@ def eager_logits(
     at column k can be re-examined (``adapters.lm.gpu.decode_agreement``)."""
     device = policy.device
     was_training = policy.model.training
-    decoder: _Decoder
+    decoder: Decoder
     try:
         if policy.uses_lean_gpt2(policy.model):
             prompts = lean_gpt2.prompt_logits_and_past(
                 policy.model, prompt_rows, policy.pad_id, device
             )
-            decoder = _LeanDecoder(policy.model, prompts)
+            decoder = LeanDecoder(policy.model, prompts)
         else:
             policy.model.eval()
             shared = policy.step_together is None
             rows = [list(row) for row in prompt_rows]
-            decoder = _ModelDecoder(policy.model, rows, policy.pad_id, tokens.shape[1], shared)
+            decoder = ModelDecoder(policy.model, rows, policy.pad_id, tokens.shape[1], shared)
         logits = decoder.prompt_logits
         for column in tokens.to(device).T:
             logits = decoder.next_logits(column)
@@ -238,35 +160,41 @@ def _lane_rollout(
 ) -> Rollout:
     """The eager rollout's rows in ``policy.lanes``' lanes side by side (adapters.lm.lanes):
     contiguous groups of rows, each drawn from a generator of its own seeded from ``generator``
-    in lane order, so the rows depend on the seed and the number of lanes only."""
+    in lane order, so the rows depend on the seed and the number of lanes only. The rows'
+    prompts are forwarded once, here, and each lane takes its rows' keys and values."""
     start = time.perf_counter()
     check_rollout_shape(n, min_length, max_length)
     groups = split(n, policy.lanes.count)
     seeds = torch.randint(0, SEED_HIGH, (len(groups),), generator=generator).tolist()
     device = policy.device
     prompts = [prompt] * n if isinstance(prompt, str) else list(prompt)
+    prompt_rows = row_prompt_ids(policy.prompt_ids, prompts, n)
+    policy.check_positions(max(len(row) for row in prompt_rows), max_length)
     temp = row_temperatures(temperature, n)
-    work = [
-        partial(
-            _eager_rollout,
-            policy,
-            prompts[rows.start : rows.stop],
-            len(rows),
-            min_length,
-            max_length,
-            temp[rows.start : rows.stop],
-            torch.Generator(device=device).manual_seed(seed),
-            lane,
-        )
-        for lane, (rows, seed) in enumerate(zip(groups, seeds, strict=True))
-    ]
     was_training = policy.model.training
     policy.model.eval()  # model-wide: set once here, not by each lane
     try:
+        past = shared_prompts.PromptPast(policy.model, prompt_rows, policy.pad_id)
+        prefill_s = time.perf_counter() - start
+        work = [
+            partial(
+                _eager_rollout,
+                policy,
+                prompts[rows.start : rows.stop],
+                len(rows),
+                min_length,
+                max_length,
+                temp[rows.start : rows.stop],
+                torch.Generator(device=device).manual_seed(seed),
+                lane,
+                past.of_rows(rows),
+            )
+            for lane, (rows, seed) in enumerate(zip(groups, seeds, strict=True))
+        ]
         parts = policy.lanes.run(work)
     finally:
         policy.model.train(was_training)
-    return concatenated(parts, time.perf_counter() - start)
+    return concatenated(parts, time.perf_counter() - start, prefill_s)
 
 
 def _eager_rollout(
@@ -278,8 +206,10 @@ def _eager_rollout(
     temperature: float | torch.Tensor,
     generator: torch.Generator | None,
     lane: int = 0,
+    past: shared_prompts.PromptPast | None = None,
 ) -> Rollout:
-    """``sample_rollout`` on the eager path (``lane``: the lane whose grammar state it takes)."""
+    """``sample_rollout`` on the eager path (``lane``: the lane whose grammar state it takes;
+    ``past``: its rows' prompts already forwarded, a model's own forward only)."""
     check_rollout_shape(n, min_length, max_length)
     start = time.perf_counter()
     model_s = grammar_s = 0.0
@@ -309,15 +239,15 @@ def _eager_rollout(
         policy.model.eval()
     try:
         tic = time.perf_counter()
-        decoder: _Decoder
+        decoder: Decoder
         if lean:
             prompts = lean_gpt2.prompt_logits_and_past(
                 policy.model, prompt_rows, policy.pad_id, device
             )
-            decoder = _LeanDecoder(policy.model, prompts)
+            decoder = LeanDecoder(policy.model, prompts)
         else:
             shared = policy.step_together is None
-            decoder = _ModelDecoder(policy.model, prompt_rows, policy.pad_id, big_t, shared)
+            decoder = ModelDecoder(policy.model, prompt_rows, policy.pad_id, big_t, shared, past)
         logits = decoder.prompt_logits
         model_s += time.perf_counter() - tic
         idle = False  # every row of this rank has stopped (only while other ranks step on)

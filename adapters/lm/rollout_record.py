@@ -86,12 +86,12 @@ def row_temperatures(temperature: float | torch.Tensor, n: int) -> torch.Tensor:
     return temp
 
 
-def concatenated(parts: Sequence[Rollout], total_s: float) -> Rollout:
+def concatenated(parts: Sequence[Rollout], total_s: float, before_s: float = 0.0) -> Rollout:
     """The rows of ``parts`` (rollouts of the same T, run side by side in lanes) one after the
     other; their model and grammar seconds averaged (each lane's share of the wall time), the
-    total ``total_s``."""
+    model's ``before_s`` before the lanes (their prompts' forward) added, the total ``total_s``."""
     timings = RolloutTimings(
-        sum(part.timings.model_s for part in parts) / len(parts),
+        before_s + sum(part.timings.model_s for part in parts) / len(parts),
         sum(part.timings.grammar_s for part in parts) / len(parts),
         total_s,
     )

@@ -31,6 +31,7 @@ The head alone is applied where ``HEAD_ONLY`` names the model's class (its logit
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -99,6 +100,16 @@ class PromptPast:
         if self.one:
             return values.expand(len(self.group), *values.shape[1:])
         return values.index_select(0, self.group)
+
+    def of_rows(self, rows: range) -> PromptPast:
+        """The same past for ``rows`` of the batch only (views: nothing forwarded again)."""
+        part, cut = copy.copy(self), slice(rows.start, rows.stop)
+        part.group = self.group[cut]
+        part.state0_logits = self.state0_logits[cut]
+        part.layers = [(keys[cut], values[cut]) for keys, values in self.layers]
+        part.mask = None if self.mask is None else self.mask[cut]
+        part.next_position = self.next_position[cut]
+        return part
 
     def cache(self) -> DynamicCache:
         """A fresh cache holding every row's prompt keys and values (a forward extends it)."""

@@ -8,7 +8,8 @@
   non-finite micro-batch ends the results there;
 - the rollout: a lane rollout's rows are those of each lane's rows rolled out alone from the seed
   drawn for that lane (per-row prompts and temperatures, with and without a grammar), the same on
-  a second call, and the model's mode is restored;
+  a second call, and the model's mode is restored; the rows' prompt forwarded once for all
+  lanes;
 - ``lane_count``: the lanes asked, or two (at most torch's threads) for a pretrained model on a
   CPU, else 1; a sharded model one, with a warning where more were asked; each lane its share
   of torch's threads.
@@ -147,6 +148,27 @@ def test_a_lane_rollout_is_each_lanes_rows_rolled_out_from_its_seed(grammar: str
             out.log_pterm, torch.cat([a.log_pterm for a in alone]), rtol=0, atol=1e-5
         )
     assert len(set(both.length.tolist())) > 1  # rows stop at different lengths
+
+
+def test_a_lane_rollout_forwards_its_prompt_once() -> None:
+    """The rows' shared prompt is forwarded once for all lanes (not once a lane): one forward of
+    more than one position, then one a token."""
+    policy = llama_lora_policy(None)
+    decoder = policy.model.get_base_model().get_decoder()
+    widths: list[int] = []
+    hook = decoder.register_forward_pre_hook(
+        lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
+    policy.lanes = Lanes(2)
+    try:
+        out = policy.sample(
+            PROMPT, 6, min_length=1, max_length=5, generator=torch.Generator().manual_seed(2)
+        )
+    finally:
+        hook.remove()
+    assert len(out.texts) == 6
+    assert sum(width > 1 for width in widths) == 1
+    assert widths[0] == len(policy.prompt_ids(PROMPT)) > 1
 
 
 def test_lane_count() -> None:
