@@ -17,7 +17,8 @@ sets them around ``run``.
 What a lane draws is its own, so a run is the same for the same seed and lanes, whichever thread
 finishes first: ``run`` draws each lane a seed from torch's global generator, in lane order, for
 the dropout masks drawn in the lane (``adapters.lm.cpu_dropout``); a rollout's lanes take seeds
-from the rollout's generator (``adapters.lm.rollout``). A backward in a lane (:func:`backward`)
+from the rollout's generator (``adapters.lm.rollout``) and draw none from the global one, in
+threads or in processes alike. A backward in a lane (:func:`backward`)
 adds its gradients to the lane's own sums, which ``run(..., gradients=params)`` adds to the
 parameters' ``.grad`` in lane order after every lane has finished (torch's own accumulation from
 two threads would add them in whichever order they come).
@@ -25,20 +26,25 @@ two threads would add them in whichever order they come).
 A lane runs under its caller's autograd modes (``torch.no_grad``, ``torch.inference_mode``), which
 are the caller's thread's own and a new thread would not have.
 
-Threads, not processes: torch releases Python's lock inside its operations, and the model and its
-gradients stay one copy. ``concurrent.futures`` (the standard library) holds the threads.
+The loss's lanes are threads: torch releases Python's lock inside its operations, which there are
+few and large, and the model and its gradients stay one copy. ``concurrent.futures`` (the
+standard library) holds the threads. A rollout's decoding forwards are many small operations,
+whose threads hand the lock back and forth: with ``processes``, its lanes after the first run in
+forked processes (``adapters.lm.lane_process``; the same rows).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
 from raptb.adapters.lm import cpu_dropout
+from raptb.adapters.lm.lane_process import LaneProcess, can_fork
 
 T = TypeVar("T")
 _local = threading.local()
@@ -120,25 +126,49 @@ def backward(tensor: torch.Tensor) -> None:
 class Lanes:
     """Up to ``count`` parts of work side by side (the module docstring)."""
 
-    def __init__(self, count: int, threads: int | None = None) -> None:
+    def __init__(self, count: int, threads: int | None = None, processes: bool = False) -> None:
         """``threads``: torch threads in each lane; None: torch's thread count now divided among
-        the lanes (at least one each)."""
+        the lanes (at least one each). ``processes``: a rollout's lanes after the first in
+        processes of their own (``processes``; where ``lane_process.can_fork``), not threads."""
         if count < 1:
             raise ValueError(f"lanes: must be >= 1, got {count}")
         self.count = count
         self.threads = max(1, torch.get_num_threads() // count) if threads is None else threads
+        self.in_processes = processes and count > 1 and can_fork()
         self._pool: ThreadPoolExecutor | None = None
+        self._processes: list[LaneProcess] = []
+
+    def processes(self, policy: Any, rollout: Callable[..., Any]) -> list[LaneProcess]:
+        """The processes that roll out lanes 1.. of ``policy``'s rollouts (``rollout``: what each
+        runs), forked at the first call; empty where lanes run as threads."""
+        if self.in_processes and not self._processes:
+            self._processes = [
+                LaneProcess(policy, rollout, self.threads) for _ in range(self.count - 1)
+            ]
+        return self._processes
+
+    def close(self) -> None:
+        """End the lanes' processes and threads (a later call starts them again)."""
+        for process in self._processes:
+            process.close()
+        self._processes = []
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
 
     def run(
         self,
         work: Sequence[Callable[[], T]],
         gradients: Sequence[torch.Tensor] | None = None,
+        dropout: bool = True,
     ) -> list[T]:
         """Each callable's result, in order; one lane each (at most ``count`` at a time).
 
         gradients: the parameters whose gradients a lane's :func:`backward` sums; added to their
         ``.grad`` in lane order once all have run. With one lane, or one callable, the work runs
-        in the caller's thread and a backward accumulates as ``tensor.backward()`` does."""
+        in the caller's thread and a backward accumulates as ``tensor.backward()`` does.
+        dropout: False for work that draws no dropout mask (a rollout, in eval mode): no seed is
+        drawn for it from torch's global generator."""
         if self.count == 1 or len(work) <= 1:
             return [fn() for fn in work]
         if self._pool is None:
@@ -148,7 +178,11 @@ class Lanes:
                 initializer=torch.set_num_threads,
                 initargs=(self.threads,),
             )
-        seeds = torch.randint(0, cpu_dropout.SEED_HIGH, (len(work),)).tolist()
+        seeds: list[int | None] = (
+            torch.randint(0, cpu_dropout.SEED_HIGH, (len(work),)).tolist()
+            if dropout
+            else [None] * len(work)
+        )
         sums = [None if gradients is None else _Sums(gradients) for _ in work]
         modes = _Modes(torch.is_grad_enabled(), torch.is_inference_mode_enabled())
         futures = [
@@ -170,15 +204,26 @@ class _Modes(NamedTuple):
     inference: bool
 
 
-def _in_lane(fn: Callable[[], T], seed: int, sums: _Sums | None, modes: _Modes) -> T:
-    _local.sums = sums
-    generator = torch.Generator().manual_seed(seed)
+@contextlib.contextmanager
+def lane_threads(threads: int) -> Iterator[None]:
+    """torch's threads set to a lane's ``threads`` in the calling thread, then restored."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
-        with (
-            torch.inference_mode(modes.inference),
-            torch.set_grad_enabled(modes.grad),
-            cpu_dropout.drawing_from(generator),
-        ):
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _in_lane(fn: Callable[[], T], seed: int | None, sums: _Sums | None, modes: _Modes) -> T:
+    _local.sums = sums
+    masks = (
+        contextlib.nullcontext()
+        if seed is None
+        else cpu_dropout.drawing_from(torch.Generator().manual_seed(seed))
+    )
+    try:
+        with torch.inference_mode(modes.inference), torch.set_grad_enabled(modes.grad), masks:
             return fn()
     finally:
         _local.sums = None

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -40,7 +40,7 @@ from raptb.adapters.lm.embedded import lean_gpt2
 from raptb.adapters.lm.embedded.compiled_rollout import compiled_rollout
 from raptb.adapters.lm.gpu.static_decode import DecodingPolicy, static_rollout
 from raptb.adapters.lm.grammar import unpack_bitmask
-from raptb.adapters.lm.lanes import Lanes, split
+from raptb.adapters.lm.lanes import Lanes, lane_threads, split
 from raptb.adapters.lm.rollout_record import (
     Rollout,
     RolloutTimings,
@@ -166,7 +166,6 @@ def _lane_rollout(
     check_rollout_shape(n, min_length, max_length)
     groups = split(n, policy.lanes.count)
     seeds = torch.randint(0, SEED_HIGH, (len(groups),), generator=generator).tolist()
-    device = policy.device
     prompts = [prompt] * n if isinstance(prompt, str) else list(prompt)
     prompt_rows = row_prompt_ids(policy.prompt_ids, prompts, n)
     policy.check_positions(max(len(row) for row in prompt_rows), max_length)
@@ -176,25 +175,38 @@ def _lane_rollout(
     try:
         past = shared_prompts.PromptPast(policy.model, prompt_rows, policy.pad_id)
         prefill_s = time.perf_counter() - start
-        work = [
-            partial(
-                _eager_rollout,
-                policy,
-                prompts[rows.start : rows.stop],
-                len(rows),
-                min_length,
-                max_length,
-                temp[rows.start : rows.stop],
-                torch.Generator(device=device).manual_seed(seed),
-                lane,
-                past.of_rows(rows),
-            )
+        lanes = [
+            {
+                "prompt": prompts[rows.start : rows.stop],
+                "n": len(rows),
+                "min_length": min_length,
+                "max_length": max_length,
+                "temperature": temp[rows.start : rows.stop],
+                "seed": seed,
+                "lane": lane,
+                "past": past.of_rows(rows),
+            }
             for lane, (rows, seed) in enumerate(zip(groups, seeds, strict=True))
         ]
-        parts = policy.lanes.run(work)
+        processes = policy.lanes.processes(policy, _seeded_rollout)
+        if processes:  # the first lane here, the others each in its process (lane_process.py)
+            for process, arguments in zip(processes, lanes[1:], strict=True):
+                process.start(policy.model, arguments)
+            with lane_threads(policy.lanes.threads):
+                first = _seeded_rollout(policy, **lanes[0])
+            parts = [first, *(process.result() for process in processes)]
+        else:
+            work = [partial(_seeded_rollout, policy, **arguments) for arguments in lanes]
+            parts = policy.lanes.run(work, dropout=False)  # eval mode: no masks
     finally:
         policy.model.train(was_training)
     return concatenated(parts, time.perf_counter() - start, prefill_s)
+
+
+def _seeded_rollout(policy: RolloutPolicy, seed: int, **arguments: Any) -> Rollout:
+    """One lane's rows: ``_eager_rollout`` from a generator seeded with ``seed``."""
+    generator = torch.Generator(device=policy.device).manual_seed(seed)
+    return _eager_rollout(policy, generator=generator, **arguments)
 
 
 def _eager_rollout(

@@ -111,6 +111,11 @@ class PromptPast:
         part.next_position = self.next_position[cut]
         return part
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (for a rollout lane's process, ``lane_process``) without the model, which the
+        receiver has: it reads the keys, values, mask, positions and state-0 logits only."""
+        return {**self.__dict__, "model": None, "runner": None}
+
     def cache(self) -> DynamicCache:
         """A fresh cache holding every row's prompt keys and values (a forward extends it)."""
         cache = DynamicCache()

@@ -155,11 +155,11 @@ class Trainer:
             dtype=config.model_dtype,
         )
         # config.toml records the dtype that runs, whether freed memory was kept and the lanes
-        # ("auto" and None resolved on this device)
+        # ("auto" and None resolved on this device); a CPU's rollout lanes are processes
         ran = dtype_name(self.policy.model.get_input_embeddings().weight.dtype)
         lean = self.policy.uses_lean_gpt2(self.policy.model)
         lanes = lane_count(config.lanes, self.dist.device, lean, self.dist.sharding, self.warn)
-        self.policy.lanes = Lanes(lanes)
+        self.policy.lanes = Lanes(lanes, processes=self.dist.device.type == "cpu")
         self.cfg = config = config.model_copy(
             update={"model_dtype": ran, "keep_freed_memory": kept, "lanes": lanes}
         )
@@ -320,6 +320,7 @@ class Trainer:
                 checkpoint = self._run_steps(end, checkpoint)
         finally:
             self.rewards.close()
+            self.policy.lanes.close()
             for line in self.rewards.summary_lines():
                 self.warn(line)
         return TrainResult(

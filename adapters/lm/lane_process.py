@@ -1,0 +1,163 @@
+"""A rollout lane in a process of its own: a forked copy of the policy that rolls out its rows.
+
+A decoding forward of a pretrained model is thousands of small operations a token (SmolLM2-135M
+with LoRA: ~4,300 a forward), each entering and leaving Python's lock. Two lanes as threads of one
+process hand that lock back and forth at every operation: on the 2-core AMD EPYC of
+benchmarks/pretrained_step.md, two threads each running ten 64-row decoding forwards took the time
+of 1.1-1.25 running one after the other, where two processes took 1.9-2x (their products alone, in
+threads, 1.9-2x). The loss's micro-batches (products over whole rows, a few large operations)
+scale in threads and stay there (``adapters.lm.lanes``).
+
+:class:`LaneProcess` forks the process once, at the first lane rollout (``os.fork`` through
+``multiprocessing``'s fork context; Linux only): the child holds the policy as it was, its frozen
+weights shared with the parent page for page (never written, so never copied). Each call sends the
+lane's arguments and the current values of the parameters that train (LoRA's adapters: ~20 MB on
+SmolLM2-135M r16; raw bytes, one buffer a dtype, by value rather than through
+``torch.multiprocessing``'s shared memory), the child copies them in, rolls the rows out with
+``rollout`` (the same code, the same seed, one torch thread) and sends the ``Rollout`` back while
+the caller rolls out its own lane. The rows are the ones a thread lane draws (tested). The child
+ignores SIGINT and SIGTERM (the parent's stop request finishes the step, its rollout included),
+ends when its pipe closes (as when the parent ends), and is ended with the parent (daemon).
+
+The trainer runs a rollout's lanes so on a CPU under Linux (``Lanes(..., processes=True)``);
+elsewhere (no fork, or a GPU, whose CUDA context a forked child cannot use) they are threads.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+import platform
+import signal
+import traceback
+import warnings
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+Rollout = Any
+"""``adapters.lm.rollout_record.Rollout`` (not imported: this module sits under it)."""
+
+
+def can_fork() -> bool:
+    """Whether a lane may run in a forked process here (Linux: fork is its start method)."""
+    return platform.system() == "Linux"
+
+
+def _trainable(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def _by_dtype(params: list[torch.Tensor]) -> list[tuple[torch.dtype, list[torch.Tensor]]]:
+    """``params`` grouped by dtype, in order of first appearance (each group in order)."""
+    groups: dict[torch.dtype, list[torch.Tensor]] = {}
+    for p in params:
+        groups.setdefault(p.dtype, []).append(p)
+    return list(groups.items())
+
+
+class LaneProcess:
+    """One forked copy of ``policy`` rolling out one lane's rows a call (the module docstring).
+
+    ``rollout(policy, **arguments)`` is what the child runs (``adapters.lm.rollout``'s eager
+    rollout); ``threads``: the child's torch threads."""
+
+    def __init__(self, policy: Any, rollout: Callable[..., Rollout], threads: int = 1) -> None:
+        context = multiprocessing.get_context("fork")
+        self._conn, child = context.Pipe()
+        with warnings.catch_warnings():
+            # Python 3.12+ warns of fork in a process with threads (torch's, the lanes'): the
+            # child runs its own rollout on one thread and none of theirs
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self._process = context.Process(
+                target=_serve,
+                args=(child, self._conn, policy, rollout, threads),
+                name="raptb-rollout-lane",
+                daemon=True,
+            )
+            self._process.start()
+        child.close()
+        self._waiting = False
+
+    def start(self, model: torch.nn.Module, arguments: dict[str, Any]) -> None:
+        """Send one lane's rollout (``arguments``, then the values of ``model``'s trainable
+        parameters now, as raw bytes: one buffer a dtype); ``result`` waits for it."""
+        params = _trainable(model)
+        groups = _by_dtype(list(params.values()))
+        header = (arguments, list(params), [(dtype, len(members)) for dtype, members in groups])
+        self._conn.send_bytes(pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL))
+        for _, members in groups:
+            flat = torch.cat([p.detach().reshape(-1) for p in members])
+            self._conn.send_bytes(flat.view(torch.uint8).numpy())
+        self._waiting = True
+
+    def result(self) -> Rollout:
+        """The rollout sent by ``start``; raises RuntimeError where the child failed or ended."""
+        self._waiting = False
+        try:
+            kind, value = pickle.loads(self._conn.recv_bytes())
+        except (EOFError, OSError) as exc:
+            raise RuntimeError(
+                "lanes: a rollout lane's process ended (out of memory?): lanes = 1 runs the "
+                "rollout in this process alone"
+            ) from exc
+        if kind == "error":
+            raise RuntimeError(f"lanes: a rollout lane's process failed:\n{value}")
+        return value
+
+    def close(self) -> None:
+        """End the child (its loop returns when the pipe closes)."""
+        if self._waiting:
+            try:
+                self._conn.recv_bytes()
+            except (EOFError, OSError):
+                pass
+        self._conn.close()
+        self._process.join(timeout=10)
+        if self._process.is_alive():
+            self._process.kill()
+
+
+def _serve(
+    conn: Connection,
+    parent_end: Connection,
+    policy: Any,
+    rollout: Callable[..., Rollout],
+    threads: int,
+) -> None:
+    parent_end.close()  # held open here too, the parent's end would never read as ended
+    for stop in (signal.SIGINT, signal.SIGTERM):  # the parent's stop request handles them
+        signal.signal(stop, signal.SIG_IGN)
+    torch.set_num_threads(threads)
+    params = _trainable(policy.model)
+    groups = _by_dtype(list(params.values()))
+    while True:
+        try:
+            arguments, names, sizes = pickle.loads(conn.recv_bytes())
+            raws = [conn.recv_bytes() for _ in sizes]
+        except (EOFError, OSError):
+            return
+        try:
+            if names != list(params) or sizes != [(d, len(m)) for d, m in groups]:
+                raise RuntimeError(
+                    "the trainable parameters changed since the lane's process began"
+                )
+            with torch.no_grad():
+                for (dtype, members), raw in zip(groups, raws, strict=True):
+                    flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype)
+                    for p, value in zip(
+                        members, flat.split([m.numel() for m in members]), strict=True
+                    ):
+                        p.copy_(value.view_as(p))
+                was_training = policy.model.training
+                policy.model.eval()
+                try:
+                    out = rollout(policy, **arguments)
+                finally:
+                    policy.model.train(was_training)
+            reply = ("ok", out)
+        except Exception:  # sent to the parent, which raises it
+            reply = ("error", traceback.format_exc())
+        conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))

@@ -1,0 +1,78 @@
+"""adapters.lm.lane_process: a rollout's lanes after the first in forked processes.
+
+- the rows, their log-probabilities and texts are bit for bit those of the same lanes as threads
+  (per-row prompts and temperatures, with and without a grammar), on a LoRA-wrapped random
+  Llama-shaped model; after the adapters' weights change in the parent the next rollout draws
+  from the new weights in the child too (the thread lanes' rows again);
+- a failure in the child (its trainable parameters no longer the parent's) is raised in the
+  parent, naming the lanes; ``close`` ends the process.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raptb.adapters.lm.lane_process import can_fork
+from raptb.adapters.lm.lanes import Lanes
+from tests.adapters.test_policy import PROMPT
+from tests.adapters.test_static_decode import GRAMMAR, llama_lora_policy
+
+pytestmark = pytest.mark.skipif(not can_fork(), reason="lanes in processes need fork (Linux)")
+
+
+def _sample(policy, lanes: Lanes, seed: int):  # noqa: ANN001, ANN202
+    policy.lanes = lanes
+    n = 7
+    return policy.sample(
+        [PROMPT if i % 3 else "" for i in range(n)],
+        n,
+        min_length=1,
+        max_length=6,
+        temperature=torch.linspace(0.7, 1.5, n),
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+def _same(a, b) -> None:  # noqa: ANN001
+    assert torch.equal(a.tokens, b.tokens)
+    assert torch.equal(a.length, b.length)
+    assert torch.equal(a.log_pf, b.log_pf)
+    assert torch.equal(a.log_pterm, b.log_pterm)
+    assert a.texts == b.texts
+
+
+@pytest.mark.parametrize("grammar", [None, GRAMMAR], ids=["free", "grammar"])
+def test_process_lanes_draw_the_thread_lanes_rows(grammar: str | None) -> None:
+    policy = llama_lora_policy(grammar)
+    threads, processes = Lanes(2), Lanes(2, processes=True)
+    assert processes.in_processes and not threads.in_processes
+    try:
+        for seed in (3, 4):
+            _same(_sample(policy, processes, seed), _sample(policy, threads, seed))
+        assert len(processes._processes) == 1  # forked once
+        before = _sample(policy, threads, 5)
+        with torch.no_grad():
+            for name, param in policy.model.named_parameters():
+                if "lora_B" in name:
+                    param.mul_(-2.0)  # an optimizer step in the parent
+        after = _sample(policy, threads, 5)
+        assert not torch.equal(before.log_pf, after.log_pf)
+        _same(_sample(policy, processes, 5), after)
+    finally:
+        processes.close()
+
+
+def test_a_failure_in_the_lanes_process_is_raised() -> None:
+    policy = llama_lora_policy(None)
+    lanes = Lanes(2, processes=True)
+    try:
+        _sample(policy, lanes, 3)
+        process = lanes._processes[0]._process
+        assert process.is_alive()
+        next(p for p in policy.model.parameters() if p.requires_grad).requires_grad_(False)
+        with pytest.raises(RuntimeError, match="lanes: a rollout lane's process failed"):
+            _sample(policy, lanes, 3)
+    finally:
+        lanes.close()
+    assert not process.is_alive()
