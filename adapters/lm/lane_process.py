@@ -16,8 +16,11 @@ SmolLM2-135M r16; raw bytes, one buffer a dtype, by value rather than through
 ``torch.multiprocessing``'s shared memory), the child copies them in, rolls the rows out with
 ``rollout`` (the same code, the same seed, one torch thread) and sends the ``Rollout`` back while
 the caller rolls out its own lane. The rows are the ones a thread lane draws (tested). The child
-ignores SIGINT and SIGTERM (the parent's stop request finishes the step, its rollout included),
-ends when its pipe closes (as when the parent ends), and is ended with the parent (daemon).
+ignores SIGINT (the parent's stop request finishes the step, its rollout included), ends when its
+pipe closes (as when the parent ends), and is ended with the parent (daemon). Where it has ended
+before sending its rows back (killed for memory, or a SIGTERM sent to the whole job), the caller
+rolls them out itself, the same rows, warns once, and runs the rollout's lanes as threads from
+then on (``ENDED``); an error raised in the child is raised in the caller.
 
 The trainer runs a rollout's lanes so on a CPU under Linux (``Lanes(..., processes=True)``);
 elsewhere (no fork, or a GPU, whose CUDA context a forked child cannot use) they are threads.
@@ -31,6 +34,7 @@ import platform
 import signal
 import traceback
 import warnings
+import weakref
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -44,6 +48,17 @@ Rollout = Any
 def can_fork() -> bool:
     """Whether a lane may run in a forked process here (Linux: fork is its start method)."""
     return platform.system() == "Linux"
+
+
+ENDED = (
+    "lanes: a rollout lane's process ended (out of memory, or a signal): its rows were rolled out "
+    "here, and the run's rollout lanes are threads from now on (lanes = 1: one lane)"
+)
+"""The warning where a lane's process has ended (``LaneEnded``)."""
+
+
+class LaneEnded(RuntimeError):
+    """A lane's process ended before it sent its rollout back."""
 
 
 def _trainable(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -79,7 +94,9 @@ class LaneProcess:
             )
             self._process.start()
         child.close()
-        self._waiting = False
+        self._ended = False
+        # at close, when collected, or at the interpreter's exit
+        self.close = weakref.finalize(self, _end, self._conn, self._process)
 
     def start(self, model: torch.nn.Module, arguments: dict[str, Any]) -> None:
         """Send one lane's rollout (``arguments``, then the values of ``model``'s trainable
@@ -87,37 +104,36 @@ class LaneProcess:
         params = _trainable(model)
         groups = _by_dtype(list(params.values()))
         header = (arguments, list(params), [(dtype, len(members)) for dtype, members in groups])
-        self._conn.send_bytes(pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL))
-        for _, members in groups:
-            flat = torch.cat([p.detach().reshape(-1) for p in members])
-            self._conn.send_bytes(flat.view(torch.uint8).numpy())
-        self._waiting = True
+        try:
+            self._conn.send_bytes(pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL))
+            for _, members in groups:
+                flat = torch.cat([p.detach().reshape(-1) for p in members])
+                self._conn.send_bytes(flat.view(torch.uint8).numpy())
+        except OSError:  # the child has ended: ``result`` says so
+            self._ended = True
 
     def result(self) -> Rollout:
-        """The rollout sent by ``start``; raises RuntimeError where the child failed or ended."""
-        self._waiting = False
+        """The rollout sent by ``start``; raises ``LaneEnded`` where the child has ended,
+        RuntimeError where it failed."""
+        if self._ended:
+            raise LaneEnded(ENDED)
         try:
             kind, value = pickle.loads(self._conn.recv_bytes())
         except (EOFError, OSError) as exc:
-            raise RuntimeError(
-                "lanes: a rollout lane's process ended (out of memory?): lanes = 1 runs the "
-                "rollout in this process alone"
-            ) from exc
+            raise LaneEnded(ENDED) from exc
         if kind == "error":
             raise RuntimeError(f"lanes: a rollout lane's process failed:\n{value}")
         return value
 
-    def close(self) -> None:
-        """End the child (its loop returns when the pipe closes)."""
-        if self._waiting:
-            try:
-                self._conn.recv_bytes()
-            except (EOFError, OSError):
-                pass
-        self._conn.close()
-        self._process.join(timeout=10)
-        if self._process.is_alive():
-            self._process.kill()
+
+def _end(conn: Connection, process: multiprocessing.process.BaseProcess) -> None:
+    """``LaneProcess.close``: the pipe closed, so the child's loop returns (a rollout in progress
+    finishes first); killed if it has not ended within 10 s."""
+    conn.close()
+    process.join(timeout=10)
+    if process.is_alive():
+        process.kill()
+        process.join()
 
 
 def _serve(
@@ -128,8 +144,7 @@ def _serve(
     threads: int,
 ) -> None:
     parent_end.close()  # held open here too, the parent's end would never read as ended
-    for stop in (signal.SIGINT, signal.SIGTERM):  # the parent's stop request handles them
-        signal.signal(stop, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent's stop request finishes
     torch.set_num_threads(threads)
     params = _trainable(policy.model)
     groups = _by_dtype(list(params.values()))
@@ -160,4 +175,7 @@ def _serve(
             reply = ("ok", out)
         except Exception:  # sent to the parent, which raises it
             reply = ("error", traceback.format_exc())
-        conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+        try:
+            conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+        except OSError:  # the parent closed the pipe (or ended) during the rollout
+            return

@@ -147,6 +147,14 @@ class Lanes:
             ]
         return self._processes
 
+    def lost_processes(self) -> None:
+        """A lane's process has ended (``lane_process.LaneEnded``): the others are ended and the
+        rollout's lanes are threads from now on."""
+        self.in_processes = False
+        for process in self._processes:
+            process.close()
+        self._processes = []
+
     def close(self) -> None:
         """End the lanes' processes and threads (a later call starts them again)."""
         for process in self._processes:

@@ -26,6 +26,7 @@ from a seed of its own (``adapters.lm.lanes``), their prompts forwarded once for
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
@@ -40,6 +41,7 @@ from raptb.adapters.lm.embedded import lean_gpt2
 from raptb.adapters.lm.embedded.compiled_rollout import compiled_rollout
 from raptb.adapters.lm.gpu.static_decode import DecodingPolicy, static_rollout
 from raptb.adapters.lm.grammar import unpack_bitmask
+from raptb.adapters.lm.lane_process import ENDED, LaneEnded, LaneProcess
 from raptb.adapters.lm.lanes import Lanes, lane_threads, split
 from raptb.adapters.lm.rollout_record import (
     Rollout,
@@ -193,14 +195,32 @@ def _lane_rollout(
             for process, arguments in zip(processes, lanes[1:], strict=True):
                 process.start(policy.model, arguments)
             with lane_threads(policy.lanes.threads):
-                first = _seeded_rollout(policy, **lanes[0])
-            parts = [first, *(process.result() for process in processes)]
+                parts = [_seeded_rollout(policy, **lanes[0])]
+                parts += _process_results(policy, processes, lanes[1:])
         else:
             work = [partial(_seeded_rollout, policy, **arguments) for arguments in lanes]
             parts = policy.lanes.run(work, dropout=False)  # eval mode: no masks
     finally:
         policy.model.train(was_training)
     return concatenated(parts, time.perf_counter() - start, prefill_s)
+
+
+def _process_results(
+    policy: RolloutPolicy, processes: Sequence[LaneProcess], lanes: Sequence[dict[str, Any]]
+) -> list[Rollout]:
+    """The rollouts the lanes' processes send back; where one has ended, its lanes rolled out
+    here (the same rows: the same code and seeds), once warned, and lanes as threads after."""
+    parts, ended = [], False
+    for process, arguments in zip(processes, lanes, strict=True):
+        try:
+            parts.append(process.result())
+        except LaneEnded:
+            ended = True
+            parts.append(_seeded_rollout(policy, **arguments))
+    if ended:
+        warnings.warn(ENDED, RuntimeWarning, stacklevel=2)
+        policy.lanes.lost_processes()
+    return parts
 
 
 def _seeded_rollout(policy: RolloutPolicy, seed: int, **arguments: Any) -> Rollout:

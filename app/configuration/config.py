@@ -104,8 +104,9 @@ class TrainConfig(Section):
     lanes: Annotated[int, Field(ge=1)] | None = Field(
         None,
         description="Lanes side by side, one torch thread each, of a pretrained model's rollout "
-        "rows and GFlowNet loss micro-batches (adapters/lm/lanes.py). None: 2 for a pretrained "
-        "model on a CPU, else 1; a sharded model takes 1. config.toml records it.",
+        "rows (on a CPU under Linux, lanes after the first in forked processes) and GFlowNet "
+        "loss micro-batches (adapters/lm/lanes.py). None: 2 for a pretrained model on a CPU, "
+        "else 1; a sharded model takes 1. config.toml records it.",
     )
     keep_freed_memory: bool | None = Field(
         None,

@@ -5,10 +5,16 @@
   Llama-shaped model; after the adapters' weights change in the parent the next rollout draws
   from the new weights in the child too (the thread lanes' rows again);
 - a failure in the child (its trainable parameters no longer the parent's) is raised in the
-  parent, naming the lanes; ``close`` ends the process.
+  parent, naming the lanes; ``close`` ends the process;
+- a child killed before it sends its rows back: the caller rolls them out (the same rows), warns
+  once, and runs the lanes as threads after; a process that never closed its lanes exits.
 """
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,7 +27,7 @@ from tests.adapters.test_static_decode import GRAMMAR, llama_lora_policy
 pytestmark = pytest.mark.skipif(not can_fork(), reason="lanes in processes need fork (Linux)")
 
 
-def _sample(policy, lanes: Lanes, seed: int):  # noqa: ANN001, ANN202
+def _sample(policy, lanes: Lanes, seed: int):
     policy.lanes = lanes
     n = 7
     return policy.sample(
@@ -34,7 +40,7 @@ def _sample(policy, lanes: Lanes, seed: int):  # noqa: ANN001, ANN202
     )
 
 
-def _same(a, b) -> None:  # noqa: ANN001
+def _same(a, b) -> None:
     assert torch.equal(a.tokens, b.tokens)
     assert torch.equal(a.length, b.length)
     assert torch.equal(a.log_pf, b.log_pf)
@@ -76,3 +82,45 @@ def test_a_failure_in_the_lanes_process_is_raised() -> None:
     finally:
         lanes.close()
     assert not process.is_alive()
+
+
+def test_a_lanes_process_that_ended_leaves_its_rows_to_the_caller() -> None:
+    """Killed (for memory, or by a signal to the whole job), the child's rows are rolled out by
+    the caller, the same rows, with one warning; lanes are threads from then on."""
+    policy = llama_lora_policy(GRAMMAR)
+    threads, processes = Lanes(2), Lanes(2, processes=True)
+    try:
+        _sample(policy, processes, 3)
+        child = processes._processes[0]._process
+        child.kill()
+        child.join()
+        with pytest.warns(RuntimeWarning, match="lanes: a rollout lane's process ended"):
+            out = _sample(policy, processes, 4)
+        _same(out, _sample(policy, threads, 4))
+        assert not processes.in_processes and processes._processes == []
+        _same(_sample(policy, processes, 5), _sample(policy, threads, 5))  # as threads
+    finally:
+        processes.close()
+
+
+def test_a_process_that_never_closed_its_lanes_exits() -> None:
+    """At the interpreter's exit, the lanes still held, the lane's process ends (multiprocessing's
+    own handler sends the daemon a SIGTERM and waits for it: a child that ignored it hung there)."""
+    script = (
+        "import torch\n"
+        "from raptb.adapters.lm.lanes import Lanes\n"
+        "from tests.adapters.test_lane_process import _sample\n"
+        "from tests.adapters.test_static_decode import llama_lora_policy\n"
+        "policy, lanes = llama_lora_policy(None), Lanes(2, processes=True)\n"
+        "_sample(policy, lanes, 3)\n"
+        "print('rolled out')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0, done.stderr
+    assert "rolled out" in done.stdout
