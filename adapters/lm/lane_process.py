@@ -28,6 +28,7 @@ elsewhere (no fork, or a GPU, whose CUDA context a forked child cannot use) they
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import pickle
 import platform
@@ -94,7 +95,7 @@ class LaneProcess:
             )
             self._process.start()
         child.close()
-        self._ended = False
+        self._ended = self._pending = False
         # at close, when collected, or at the interpreter's exit
         self.close = weakref.finalize(self, _end, self._conn, self._process)
 
@@ -104,6 +105,7 @@ class LaneProcess:
         params = _trainable(model)
         groups = _by_dtype(list(params.values()))
         header = (arguments, list(params), [(dtype, len(members)) for dtype, members in groups])
+        self._pending = True
         try:
             self._conn.send_bytes(pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL))
             for _, members in groups:
@@ -115,6 +117,7 @@ class LaneProcess:
     def result(self) -> Rollout:
         """The rollout sent by ``start``; raises ``LaneEnded`` where the child has ended,
         RuntimeError where it failed."""
+        self._pending = False
         if self._ended:
             raise LaneEnded(ENDED)
         try:
@@ -124,6 +127,13 @@ class LaneProcess:
         if kind == "error":
             raise RuntimeError(f"lanes: a rollout lane's process failed:\n{value}")
         return value
+
+    def discard(self) -> None:
+        """Read and drop the rollout sent by ``start`` if it has not been read (the caller's own
+        lane failed): the next call's ``result`` must not read this one's rows."""
+        if self._pending:
+            with contextlib.suppress(Exception):
+                self.result()
 
 
 def _end(conn: Connection, process: multiprocessing.process.BaseProcess) -> None:

@@ -194,9 +194,14 @@ def _lane_rollout(
         if processes:  # the first lane here, the others each in its process (lane_process.py)
             for process, arguments in zip(processes, lanes[1:], strict=True):
                 process.start(policy.model, arguments)
-            with lane_threads(policy.lanes.threads):
-                parts = [_seeded_rollout(policy, **lanes[0])]
-                parts += _process_results(policy, processes, lanes[1:])
+            try:
+                with lane_threads(policy.lanes.threads):
+                    parts = [_seeded_rollout(policy, **lanes[0])]
+                    parts += _process_results(policy, processes, lanes[1:])
+            except BaseException:
+                for process in processes:  # no rows of this call left for the next to read
+                    process.discard()
+                raise
         else:
             work = [partial(_seeded_rollout, policy, **arguments) for arguments in lanes]
             parts = policy.lanes.run(work, dropout=False)  # eval mode: no masks

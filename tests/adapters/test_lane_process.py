@@ -7,7 +7,9 @@
 - a failure in the child (its trainable parameters no longer the parent's) is raised in the
   parent, naming the lanes; ``close`` ends the process;
 - a child killed before it sends its rows back: the caller rolls them out (the same rows), warns
-  once, and runs the lanes as threads after; a process that never closed its lanes exits.
+  once, and runs the lanes as threads after; a process that never closed its lanes exits;
+- where the caller's own lane fails, the child's rows of that call are dropped, not read by the
+  next rollout.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from raptb.adapters.lm import rollout
 from raptb.adapters.lm.lane_process import can_fork
 from raptb.adapters.lm.lanes import Lanes
 from tests.adapters.test_policy import PROMPT
@@ -124,3 +127,28 @@ def test_a_process_that_never_closed_its_lanes_exits() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "rolled out" in done.stdout
+
+
+def test_a_failure_in_the_callers_lane_leaves_no_rows_for_the_next_rollout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the caller's own lane raises, the child's rows of that call are read and dropped: the
+    next rollout gets its own rows, not the failed call's."""
+    policy = llama_lora_policy(None)
+    threads, processes = Lanes(2), Lanes(2, processes=True)
+    try:
+        _sample(policy, processes, 3)  # forked here, with the real rollout
+        real = rollout._seeded_rollout
+
+        def failing(policy: object, lane: int, **arguments: object) -> object:
+            if lane == 0:
+                raise ValueError("the caller's lane failed")
+            return real(policy, lane=lane, **arguments)
+
+        monkeypatch.setattr(rollout, "_seeded_rollout", failing)
+        with pytest.raises(ValueError, match="the caller's lane failed"):
+            _sample(policy, processes, 4)
+        monkeypatch.setattr(rollout, "_seeded_rollout", real)
+        _same(_sample(policy, processes, 5), _sample(policy, threads, 5))
+    finally:
+        processes.close()
