@@ -176,12 +176,7 @@ def _serve(
                         members, flat.split([m.numel() for m in members]), strict=True
                     ):
                         p.copy_(value.view_as(p))
-                was_training = policy.model.training
-                policy.model.eval()
-                try:
-                    out = rollout(policy, **arguments)
-                finally:
-                    policy.model.train(was_training)
+                out = rollout(policy, **arguments)  # (it sets the model's mode itself)
             reply = ("ok", out)
         except Exception:  # sent to the parent, which raises it
             reply = ("error", traceback.format_exc())

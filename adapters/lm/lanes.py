@@ -151,9 +151,7 @@ class Lanes:
         """A lane's process has ended (``lane_process.LaneEnded``): the others are ended and the
         rollout's lanes are threads from now on."""
         self.in_processes = False
-        for process in self._processes:
-            process.close()
-        self._processes = []
+        self.close()
 
     def close(self) -> None:
         """End the lanes' processes and threads (a later call starts them again)."""
