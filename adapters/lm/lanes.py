@@ -9,8 +9,10 @@ rollout's 128 rows as two lanes of 64 and the four 32-row rescorings and backwar
 of two (benchmarks/pretrained_step.md, "Lanes").
 
 :class:`Lanes` runs such parts (``run``); a count of 1 runs them one after the other in the
-caller's thread, exactly as before. The GFlowNet step runs its micro-batches in lanes; the RL
-baselines' losses keep state across micro-batches (entropy sums, PPO's passes) and run in turn.
+caller's thread, exactly as before. The GFlowNet step runs its micro-batches in lanes, and the
+reference pass its rows (``adapters.lm.rescoring.lanes_log_probs``); the RL baselines' losses keep
+state across micro-batches (entropy sums, PPO's passes) and run in turn. ``run`` called inside a
+lane runs its parts in turn, in that lane.
 Work in a lane must not switch the model's mode or peft's adapter (model-wide state): the caller
 sets them around ``run``.
 
@@ -175,8 +177,8 @@ class Lanes:
         in the caller's thread and a backward accumulates as ``tensor.backward()`` does.
         dropout: False for work that draws no dropout mask (a rollout, in eval mode): no seed is
         drawn for it from torch's global generator."""
-        if self.count == 1 or len(work) <= 1:
-            return [fn() for fn in work]
+        if self.count == 1 or len(work) <= 1 or getattr(_local, "in_lane", False):
+            return [fn() for fn in work]  # (in a lane already: its parts one after the other)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(
                 self.count,
@@ -222,7 +224,7 @@ def lane_threads(threads: int) -> Iterator[None]:
 
 
 def _in_lane(fn: Callable[[], T], seed: int | None, sums: _Sums | None, modes: _Modes) -> T:
-    _local.sums = sums
+    _local.sums, _local.in_lane = sums, True
     masks = (
         contextlib.nullcontext()
         if seed is None
@@ -232,4 +234,4 @@ def _in_lane(fn: Callable[[], T], seed: int | None, sums: _Sums | None, modes: _
         with torch.inference_mode(modes.inference), torch.set_grad_enabled(modes.grad), masks:
             return fn()
     finally:
-        _local.sums = None
+        _local.sums, _local.in_lane = None, False

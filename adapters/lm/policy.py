@@ -29,6 +29,7 @@ reference pass run in eval mode with the KV cache, so neither is affected.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import weakref
@@ -340,23 +341,21 @@ class HFPolicy:
         """``score`` under the frozen base model, without gradients (for kappa log P_ref).
 
         A peft model is evaluated with its adapter disabled (same weights, no copy); any other
-        model through the frozen copy of ``freeze_reference`` (taken on the first call).
+        model through the frozen copy of ``freeze_reference`` (taken on the first call). The rows
+        are cut into the policy's ``lanes`` (``rescoring.lanes_log_probs``), the adapter switched
+        off once around them all.
         """
-        if hasattr(self.model, "disable_adapter") and hasattr(self.model, "peft_config"):
-            was_training = self.model.training
-            self.model.eval()
-            try:
-                with self.model.disable_adapter():
-                    ref_pf, ref_pterm = forward_log_probs(
-                        self, self.model, prompt, tokens, length, temperature=temperature
-                    )
-            finally:
-                self.model.train(was_training)
-            return ref_pf, ref_pterm
-        ref_pf, ref_pterm = forward_log_probs(
-            self, self.freeze_reference(), prompt, tokens, length, temperature=temperature
-        )
-        return ref_pf, ref_pterm
+        peft = hasattr(self.model, "disable_adapter") and hasattr(self.model, "peft_config")
+        model = self.model if peft else self.freeze_reference()
+        was_training = model.training
+        model.eval()
+        try:
+            with self.model.disable_adapter() if peft else contextlib.nullcontext():
+                return forward_log_probs(
+                    self, model, prompt, tokens, length, temperature=temperature, lanes=self.lanes
+                )
+        finally:
+            model.train(was_training)
 
     @property
     def reference_copy(self) -> PreTrainedModel | None:

@@ -15,6 +15,7 @@ copies given its values (``adapters.lm.distinct_rows``), unless the forward is r
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Protocol
 
 import torch
@@ -23,6 +24,7 @@ from transformers import PreTrainedModel
 from raptb.adapters.lm import shared_prompts
 from raptb.adapters.lm.distinct_rows import distinct_rows, stochastic_forward
 from raptb.adapters.lm.embedded import compiled_rescoring, lean_gpt2
+from raptb.adapters.lm.lanes import Lanes, split
 from raptb.adapters.lm.paths import rescoring_path
 from raptb.adapters.lm.rollout import token_log_probs
 from raptb.adapters.lm.row_prompts import left_padded, row_prompt_ids
@@ -59,11 +61,15 @@ def forward_log_probs(
     hidden: bool = False,
     temperature: float = 1.0,
     per_state: PerState | None = None,
+    lanes: Lanes | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """``(log_pf [B, T], log_pterm [B, T + 1])`` (module docstring) of rows ``tokens`` [B, T] of
     ``length`` [B] after ``prompt`` (every row's, or B prompts) under ``model``; plus the last
     layer's hidden states [B, P + T, H] with ``hidden``, or ``per_state`` of the logits [B, T + 1,
-    ...] (0 after each row's stop). ValueError for shapes or lengths that do not fit."""
+    ...] (0 after each row's stop). ValueError for shapes or lengths that do not fit.
+
+    lanes: a forward without gradients (the reference pass) cut by rows into ``lanes`` side by
+    side (``lanes_log_probs``); not with ``hidden`` or ``per_state``, nor for a random forward."""
     if tokens.ndim != 2:
         raise ValueError(f"tokens: expected shape [B, T], got {tuple(tokens.shape)}")
     b, big_t = tokens.shape
@@ -77,24 +83,38 @@ def forward_log_probs(
     # positions after the stop hold arbitrary ids; causal attention keeps them out of every
     # earlier prefix, so any valid id will do
     body = torch.where(torch.arange(big_t, device=device) < length[:, None], tokens, policy.stop_id)
-    copies = None if stochastic_forward(model) else distinct_rows(rows, body, length)
-    if copies is None:
-        return rows_log_probs(
+    stochastic = stochastic_forward(model)
+    copies = None if stochastic else distinct_rows(rows, body, length)
+    if copies is not None:  # each distinct row once
+        first = copies.first.tolist()
+        if not isinstance(prompt, str):
+            prompt = [prompt[i] for i in first]
+        rows, body, length = [rows[i] for i in first], body[copies.first], length[copies.first]
+    if lanes is not None and lanes.count > 1 and not (stochastic or hidden or per_state):
+
+        def part(cut: slice) -> tuple[torch.Tensor, ...]:  # each part's prompts forwarded by it
+            prompts = prompt if isinstance(prompt, str) else prompt[cut]
+            return rows_log_probs(
+                policy, model, prompts, rows[cut], body[cut], length[cut], False, temperature, None
+            )
+
+        outputs = lanes_log_probs(lanes, part, len(rows))
+    else:
+        outputs = rows_log_probs(
             policy, model, prompt, rows, body, length, hidden, temperature, per_state
         )
-    first = copies.first.tolist()
-    outputs = rows_log_probs(
-        policy,
-        model,
-        prompt if isinstance(prompt, str) else [prompt[i] for i in first],
-        [rows[i] for i in first],
-        body[copies.first],
-        length[copies.first],
-        hidden,
-        temperature,
-        per_state,
-    )
-    return tuple(copies.gather(out) for out in outputs)
+    return outputs if copies is None else tuple(copies.gather(out) for out in outputs)
+
+
+def lanes_log_probs(
+    lanes: Lanes, part: Callable[[slice], tuple[torch.Tensor, ...]], count: int
+) -> tuple[torch.Tensor, ...]:
+    """``part(rows)`` of contiguous parts of ``count`` rows, one a lane, side by side (a
+    deterministic forward: ``Lanes.run`` draws no dropout seed), joined in row order. Model-wide
+    state (its mode, peft's adapter switched off) is the caller's, set around this call."""
+    cuts = [slice(r.start, r.stop) for r in split(count, lanes.count)]
+    parts = lanes.run([partial(part, cut) for cut in cuts], dropout=False)
+    return tuple(torch.cat(outputs) for outputs in zip(*parts, strict=True))
 
 
 def path_of(

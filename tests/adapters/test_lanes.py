@@ -13,11 +13,15 @@
 - ``lane_count``: the lanes asked, or two (at most torch's threads) for a pretrained model on a
   CPU, else 1; a sharded model one, with a warning where more were asked; each lane its share
   of torch's threads.
-- lanes run under their caller's autograd modes (no_grad, inference_mode).
+- lanes run under their caller's autograd modes (no_grad, inference_mode);
+- the reference pass in lanes: each lane forwards its part of the rows in a thread of its own,
+  peft's adapter off in every lane, the values of one lane within float32 reordering (rows with
+  prompts of their own); ``run`` called inside a lane runs its parts in turn.
 """
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -214,3 +218,54 @@ def test_lanes_run_under_the_callers_autograd_modes() -> None:
     with torch.inference_mode():
         assert lanes.run([seen, seen]) == [(False, True, False)] * 2
     assert lanes.run([seen, seen]) == [(True, False, True)] * 2
+
+
+def test_the_reference_pass_in_lanes_is_the_one_lane_pass() -> None:
+    policy = llama_lora_policy(None)
+    prompts = [PROMPT, "", PROMPT, "24:", "ab", PROMPT, "", "24:"]
+    out = policy.sample(
+        prompts, 8, min_length=1, max_length=6, generator=torch.Generator().manual_seed(3)
+    )
+    decoder = policy.model.get_base_model().get_decoder()
+    seen: list[tuple[str, int]] = []
+    hook = decoder.register_forward_pre_hook(
+        lambda _, args, kwargs: seen.append(
+            (threading.current_thread().name, kwargs["input_ids"].shape[0])
+        ),
+        with_kwargs=True,
+    )
+    try:
+        policy.lanes = Lanes(1)
+        one = policy.reference_score(prompts, out.tokens, out.length)
+        assert {name for name, _ in seen} == {threading.current_thread().name}
+        seen.clear()
+        policy.lanes = Lanes(2)
+        two = policy.reference_score(prompts, out.tokens, out.length)
+    finally:
+        hook.remove()
+        policy.lanes.close()
+    lanes = {name for name, _ in seen}
+    assert len(lanes) == 2 and all(name.startswith("raptb-lane") for name in lanes)
+    assert all(rows < 8 for _, rows in seen)  # each lane forwards its part of the rows
+    for a, b in zip(one, two, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    # the adapter was off in the lanes: the adapted model's values differ
+    with torch.no_grad():
+        adapted = policy.score(prompts, out.tokens, out.length)
+    assert not torch.allclose(adapted[0], two[0], atol=1e-3)
+
+
+def test_run_inside_a_lane_runs_its_parts_in_turn() -> None:
+    lanes = Lanes(2)
+
+    def inner() -> tuple[str, list[str]]:
+        return threading.current_thread().name, lanes.run(
+            [lambda: threading.current_thread().name] * 2
+        )
+
+    try:
+        runs = lanes.run([inner, inner])  # (with a pool of two, a nested submit could deadlock)
+    finally:
+        lanes.close()
+    for lane, parts in runs:
+        assert lane.startswith("raptb-lane") and parts == [lane, lane]
