@@ -23,7 +23,6 @@ import datetime
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,8 +34,6 @@ from pretrained_step import cpu_model
 
 from raptb.adapters.lm.lanes import Lanes
 from raptb.adapters.lm.threads import use_threads
-from raptb.app.configuration.config import build_config
-from raptb.app.training.train import Trainer
 
 
 def main() -> None:
@@ -48,11 +45,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     use_threads(2)
-    ns = argparse.Namespace(
-        batch_size=32, grad_accum=4, replay="subm", task=args.task, kappa=None, length=10
-    )
-    config = build_config(overrides=train_step.step_overrides(ns, args.model))
-    trainer = Trainer(config, Path(tempfile.mkdtemp()) / "run", progress=False)
+    trainer = train_step.preset_trainer(args.task, args.model)
     policy, task = trainer.policy, trainer.task
     prompt = task.prompts()[0]
     ways = {"1 thread": (Lanes(1), 1), "2 lanes, threads": (Lanes(2), 2)}

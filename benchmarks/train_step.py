@@ -194,6 +194,16 @@ def step_overrides(args: argparse.Namespace, model: str) -> dict[str, Any]:
     return overrides
 
 
+def preset_trainer(task: str, model: str) -> Trainer:
+    """A trainer of ``task``'s preset for ``model`` as ``step_overrides`` sets it (32-row
+    micro-batches, four a step, SubM, every row on-policy), in a temporary run directory."""
+    ns = argparse.Namespace(
+        batch_size=32, grad_accum=4, replay="subm", task=task, kappa=None, length=10
+    )
+    config = build_config(overrides=step_overrides(ns, model))
+    return Trainer(config, Path(tempfile.mkdtemp()) / "run", progress=False)
+
+
 def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()

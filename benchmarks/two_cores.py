@@ -10,9 +10,9 @@ Builds the task's pretrained preset (LoRA r16) as ``raptb train`` does, on one t
 times, each repeat interleaved, the median over repeats:
 
 - a product of the step's shape (448 x 576 by 576 x 1536, float32), 200 times;
-- a decoding forward (the rollout's: one token a row after a cached prompt of 16 positions) of 1,
-  64 and 128 rows, the median of 8 forwards; then 64 rows in each of two forked processes at once
-  (two lanes of a 128-row rollout, ``adapters/lm/lanes.py``);
+- a decoding forward (the rollout's decoder, ``adapters/lm/decoders.py``: a prompt of 16
+  positions cached, then 8 tokens, the median of the 8) of 1, 64 and 128 rows; then 64 rows in
+  each of two forked processes at once (two lanes of a 128-row rollout, ``adapters/lm/lanes.py``);
 - a micro-batch's forward and backward (32 rows of 16 tokens, LoRA gradients), 2 of them.
 
 "Both cores" runs the same work in a forked copy of the process at the same time, each timing its
@@ -29,7 +29,6 @@ import datetime
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,9 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_step
 from pretrained_step import cpu_model
 
+from raptb.adapters.lm.decoders import ModelDecoder
 from raptb.adapters.lm.threads import use_threads
-from raptb.app.configuration.config import build_config
-from raptb.app.training.train import Trainer
 
 
 def both_cores(work: Callable[[], float]) -> float:
@@ -82,29 +80,22 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     use_threads(1)
-    ns = argparse.Namespace(
-        batch_size=32, grad_accum=4, replay="subm", task=args.task, kappa=None, length=10
-    )
-    config = build_config(overrides=train_step.step_overrides(ns, args.model))
-    model = Trainer(config, Path(tempfile.mkdtemp()) / "run", progress=False).policy.model
-    model.eval()  # no dropout: the same work each time
+    policy = train_step.preset_trainer(args.task, args.model).policy
+    model = policy.model.eval()  # no dropout: the same work each time
     generator = torch.Generator().manual_seed(0)
     left, right = torch.randn(448, 576, generator=generator), torch.randn(1536, 576)
 
     def decoding(rows: int) -> Callable[[], float]:
-        ids = torch.randint(0, 1000, (rows, 16), generator=generator)
-        with torch.no_grad():
-            prompt = model(input_ids=ids, use_cache=True).past_key_values
+        prompts = torch.randint(0, 1000, (rows, 16), generator=generator).tolist()
+        tokens = torch.randint(0, 1000, (rows,), generator=generator)
 
-        def forwards() -> float:  # each forward from the prompt's cache: the same width each time
+        def forwards() -> float:  # the rollout's decoder: the prompts' keys and values, 8 tokens
             seconds = []
             with torch.no_grad():
+                decoder = ModelDecoder(model, prompts, policy.pad_id, 8, shared=True)
                 for _ in range(8):
-                    cache = type(prompt)()
-                    for layer, (keys, values) in enumerate(_layers(prompt)):
-                        cache.update(keys, values, layer)
                     start = time.perf_counter()
-                    model(input_ids=ids[:, :1], past_key_values=cache, use_cache=True)
+                    decoder.next_logits(tokens)
                     seconds.append(time.perf_counter() - start)
             return statistics.median(seconds)
 
@@ -160,14 +151,6 @@ def main() -> None:
     print(text)
     if args.out is not None:
         args.out.write_text(text)
-
-
-def _layers(cache: object) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each layer's (keys, values) of a transformers cache."""
-    layers = getattr(cache, "layers", None)
-    if layers is not None:
-        return [(layer.keys, layer.values) for layer in layers]
-    return [(cache.key_cache[i], cache.value_cache[i]) for i in range(len(cache.key_cache))]
 
 
 if __name__ == "__main__":

@@ -62,16 +62,19 @@ class LaneEnded(RuntimeError):
     """A lane's process ended before it sent its rollout back."""
 
 
-def _trainable(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+Groups = list[tuple[torch.dtype, list[torch.Tensor]]]
 
 
-def _by_dtype(params: list[torch.Tensor]) -> list[tuple[torch.dtype, list[torch.Tensor]]]:
-    """``params`` grouped by dtype, in order of first appearance (each group in order)."""
+def _trainable(model: torch.nn.Module) -> tuple[list[str], Groups]:
+    """The names of ``model``'s trainable parameters, and the parameters grouped by dtype in order
+    of first appearance (each group in order): one buffer a group crosses the pipe."""
+    names: list[str] = []
     groups: dict[torch.dtype, list[torch.Tensor]] = {}
-    for p in params:
-        groups.setdefault(p.dtype, []).append(p)
-    return list(groups.items())
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            names.append(name)
+            groups.setdefault(p.dtype, []).append(p)
+    return names, list(groups.items())
 
 
 class LaneProcess:
@@ -102,9 +105,8 @@ class LaneProcess:
     def start(self, model: torch.nn.Module, arguments: dict[str, Any]) -> None:
         """Send one lane's rollout (``arguments``, then the values of ``model``'s trainable
         parameters now, as raw bytes: one buffer a dtype); ``result`` waits for it."""
-        params = _trainable(model)
-        groups = _by_dtype(list(params.values()))
-        header = (arguments, list(params), [(dtype, len(members)) for dtype, members in groups])
+        names, groups = _trainable(model)
+        header = (arguments, names, [(dtype, len(members)) for dtype, members in groups])
         self._pending = True
         try:
             self._conn.send_bytes(pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL))
@@ -156,8 +158,7 @@ def _serve(
     parent_end.close()  # held open here too, the parent's end would never read as ended
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent's stop request finishes
     torch.set_num_threads(threads)
-    params = _trainable(policy.model)
-    groups = _by_dtype(list(params.values()))
+    own, groups = _trainable(policy.model)
     while True:
         try:
             arguments, names, sizes = pickle.loads(conn.recv_bytes())
@@ -165,7 +166,7 @@ def _serve(
         except (EOFError, OSError):
             return
         try:
-            if names != list(params) or sizes != [(d, len(m)) for d, m in groups]:
+            if names != own or sizes != [(d, len(m)) for d, m in groups]:
                 raise RuntimeError(
                     "the trainable parameters changed since the lane's process began"
                 )
