@@ -61,6 +61,7 @@ def main() -> None:
             min_length=task.min_length,
             max_length=task.max_length,
             generator=torch.Generator().manual_seed(seed),
+            record=False,  # as a training step's rollout
         )
         return out.tokens, time.perf_counter() - start
 

@@ -10,8 +10,9 @@ Builds the task's pretrained preset (LoRA r16) as ``raptb train`` does, on one t
 times, each repeat interleaved, the median over repeats:
 
 - a product of the step's shape (448 x 576 by 576 x 1536, float32), 200 times;
-- a decoding forward (the rollout's decoder, ``adapters/lm/decoders.py``: a prompt of 16
-  positions cached, then 8 tokens, the median of the 8) of 1, 64 and 128 rows; then 64 rows in
+- a decoding forward (a training rollout's decoder, ``adapters/lm/decoders.py``, the task's legal
+  tokens' and stop's logits only: a prompt of 16 positions cached, then 8 tokens, the median of
+  the 8) of 1, 64 and 128 rows; then 64 rows in
   each of two forked processes at once (two lanes of a 128-row rollout, ``adapters/lm/lanes.py``);
 - a micro-batch's forward and backward (32 rows of 16 tokens, LoRA gradients), 2 of them.
 
@@ -84,6 +85,7 @@ def main() -> None:
     model = policy.model.eval()  # no dropout: the same work each time
     generator = torch.Generator().manual_seed(0)
     left, right = torch.randn(448, 576, generator=generator), torch.randn(1536, 576)
+    columns = torch.tensor([*policy.legal_ids, policy.stop_id])
 
     def decoding(rows: int) -> Callable[[], float]:
         prompts = torch.randint(0, 1000, (rows, 16), generator=generator).tolist()
@@ -91,8 +93,8 @@ def main() -> None:
 
         def forwards() -> float:  # the rollout's decoder: the prompts' keys and values, 8 tokens
             seconds = []
-            with torch.no_grad():
-                decoder = ModelDecoder(model, prompts, policy.pad_id, 8, shared=True)
+            with torch.no_grad():  # a training rollout's: its legal tokens' and stop's logits
+                decoder = ModelDecoder(model, prompts, policy.pad_id, 8, True, columns=columns)
                 for _ in range(8):
                     start = time.perf_counter()
                     decoder.next_logits(tokens)

@@ -238,9 +238,10 @@ class HFPolicy:
             )
 
     sample = sample_rollout
-    """``sample(prompt, n, *, min_length, max_length, temperature=1.0, generator=None)``: draw
-    ``n`` constrained trajectories, a ``Rollout`` (``raptb.adapters.lm.rollout.sample_rollout``); a
-    sequence of n prompts gives each row its own."""
+    """``sample(prompt, n, *, min_length, max_length, temperature=1.0, generator=None,
+    record=True)``: draw ``n`` constrained trajectories, a ``Rollout``
+    (``raptb.adapters.lm.rollout.sample_rollout``); a sequence of n prompts gives each row its
+    own; ``record=False`` for rows whose log-probabilities nobody reads (the training step's)."""
 
     def enable_activation_checkpointing(self) -> None:
         """Checkpoint the model's blocks in training-mode forwards, i.e. in

@@ -10,6 +10,9 @@ with stop the only action at k = max_length (and, as a fallback, wherever nothin
 allowed). The recorded values are the untempered, unmasked log P_F of the chosen token and of stop
 at every visited prefix (objectives.md): ``log_pf`` [B, T] (column t < tau: the (t+1)-th token,
 0 after), ``log_pterm`` [B, T+1] (column k <= tau, 0 after), with T = max_length and tau = length.
+A training step rescores its rows and reads none of them (``record=False``: both None); the eager
+rollout through a model's own decoder then computes the logits of the behaviour's columns only
+(``decoders.ModelDecoder``'s ``columns``), where the record needs the whole vocabulary's.
 
 Rows may have different prompts (one rollout for a whole optimizer step): prompts are left-padded
 to the longest, with the attention mask 0 on the pads and explicit position ids (each row's own
@@ -79,46 +82,45 @@ def sample_rollout(
     max_length: int,
     temperature: float | torch.Tensor = 1.0,
     generator: torch.Generator | None = None,
+    record: bool = True,
 ) -> Rollout:
     """Draw ``n`` constrained trajectories of ``policy`` (the module docstring states the mask).
 
     prompt: every row's prompt, or each row's (a sequence of n prompts, left-padded together).
     temperature: every row's behaviour temperature, or each row's (float [n]).
+    record: whether the rollout records ``log_pf`` and ``log_pterm``; without (both None), the
+        eager path through a model's own decoder computes its legal tokens' and stop's logits
+        only (the module docstring). The same rows, up to the rounding of a narrower product.
 
     The policy's ``decode_path`` "static" hands the rollout to ``static_rollout`` (same
     rollouts, static shapes, CUDA graphs on a GPU), "compiled" to ``compiled_rollout`` (the same
     rollouts up to float rounding, compiled by Numba), "vllm" to ``vllm_rollout``
     (the rows drawn by a vLLM engine, the record vLLM's raw log-probabilities)."""
     path = policy.decode_path
+    arguments = (policy, prompt, n, min_length, max_length, temperature, generator)
     if path == "vllm":
-        return vllm_rollout(policy, prompt, n, min_length, max_length, temperature, generator)
-    if path == "compiled":
-        return compiled_rollout(policy, prompt, n, min_length, max_length, temperature, generator)
-    if path == "static":
-        return static_rollout(
-            policy,
-            prompt,
-            n,
+        rollout = vllm_rollout(*arguments)
+    elif path == "compiled":
+        rollout = compiled_rollout(*arguments)
+    elif path == "static":
+        rollout = static_rollout(
+            *arguments[:3],
             min_length=min_length,
             max_length=max_length,
             temperature=temperature,
             generator=generator,
         )
-    if not policy.uses_lean_gpt2(policy.model):
-        if policy.lanes.count > 1 and policy.step_together is None and n > 1:
-            return _lane_rollout(policy, prompt, n, min_length, max_length, temperature, generator)
-        return _eager_rollout(policy, prompt, n, min_length, max_length, temperature, generator)
-    # inference mode skips autograd's bookkeeping (a tenth of the lean rollout's time); its
-    # tensors may not enter autograd or be written outside it, so the rows leave as copies
-    with torch.inference_mode():
-        rollout = _eager_rollout(policy, prompt, n, min_length, max_length, temperature, generator)
-    return replace(
-        rollout,
-        tokens=rollout.tokens.clone(),
-        length=rollout.length.clone(),
-        log_pf=rollout.log_pf.clone(),
-        log_pterm=rollout.log_pterm.clone(),
-    )
+    elif not policy.uses_lean_gpt2(policy.model):
+        lanes = policy.lanes.count > 1 and policy.step_together is None and n > 1
+        return (_lane_rollout if lanes else _eager_rollout)(*arguments, record=record)
+    else:
+        # inference mode skips autograd's bookkeeping (a tenth of the lean rollout's time); its
+        # tensors may not enter autograd or be written outside it, so the rows leave as copies
+        with torch.inference_mode():
+            rollout = _eager_rollout(*arguments, record=record)
+        copies = {k: getattr(rollout, k) for k in ("tokens", "length", "log_pf", "log_pterm")}
+        rollout = replace(rollout, **{k: v if v is None else v.clone() for k, v in copies.items()})
+    return rollout if record else replace(rollout, log_pf=None, log_pterm=None)
 
 
 @torch.no_grad()
@@ -159,6 +161,7 @@ def _lane_rollout(
     max_length: int,
     temperature: float | torch.Tensor,
     generator: torch.Generator | None,
+    record: bool = True,
 ) -> Rollout:
     """The eager rollout's rows in ``policy.lanes``' lanes side by side (adapters.lm.lanes):
     contiguous groups of rows, each drawn from a generator of its own seeded from ``generator``
@@ -187,6 +190,7 @@ def _lane_rollout(
                 "seed": seed,
                 "lane": lane,
                 "past": past.of_rows(rows),
+                "record": record,
             }
             for lane, (rows, seed) in enumerate(zip(groups, seeds, strict=True))
         ]
@@ -244,9 +248,11 @@ def _eager_rollout(
     generator: torch.Generator | None,
     lane: int = 0,
     past: shared_prompts.PromptPast | None = None,
+    record: bool = True,
 ) -> Rollout:
     """``sample_rollout`` on the eager path (``lane``: the lane whose grammar state it takes;
-    ``past``: its rows' prompts already forwarded, a model's own forward only)."""
+    ``past``: its rows' prompts already forwarded, a model's own forward only; ``record``:
+    ``sample_rollout``'s)."""
     check_rollout_shape(n, min_length, max_length)
     start = time.perf_counter()
     model_s = grammar_s = 0.0
@@ -284,13 +290,16 @@ def _eager_rollout(
             decoder = LeanDecoder(policy.model, prompts)
         else:
             shared = policy.step_together is None
-            decoder = ModelDecoder(policy.model, prompt_rows, policy.pad_id, big_t, shared, past)
+            columns = None if record else sub_ids
+            decoder = ModelDecoder(
+                policy.model, prompt_rows, policy.pad_id, big_t, shared, past, columns
+            )
         logits = decoder.prompt_logits
         model_s += time.perf_counter() - tic
         idle = False  # every row of this rank has stopped (only while other ranks step on)
         for k in range(big_t + 1):
             if k == big_t:
-                if not idle:  # (an idle rank's rows have all stopped: its column stays 0)
+                if record and not idle:  # (an idle rank's rows have all stopped: column 0)
                     _, stop_lp = token_log_probs(
                         logits, torch.full_like(length, policy.stop_id), policy.stop_id
                     )
@@ -313,7 +322,8 @@ def _eager_rollout(
                 if k < min_length:
                     sub_mask[:, num_legal] = False
                 sub_mask[:, num_legal] |= ~sub_mask.any(dim=1)
-                behaviour = logits[:, sub_ids]
+                # the behaviour's columns: the decoder's own where it computes only those
+                behaviour = logits if decoder.columns is not None else logits[:, sub_ids]
                 if behaviour.dtype != torch.float32:
                     behaviour = behaviour.float()
                 if temp_col is not None:
@@ -326,9 +336,10 @@ def _eager_rollout(
                 moves = active & ~stops
                 # sub-vocabulary index -> vocabulary id (a stop's id is masked out by moves)
                 step_tokens = torch.where(moves, sub_ids[choice], policy.pad_id)
-                token_lp, stop_lp = token_log_probs(logits, step_tokens, policy.stop_id)
-                pterm_cols.append(torch.where(active, stop_lp, 0.0))
-                pf_cols.append(torch.where(moves, token_lp, 0.0))
+                if record:
+                    token_lp, stop_lp = token_log_probs(logits, step_tokens, policy.stop_id)
+                    pterm_cols.append(torch.where(active, stop_lp, 0.0))
+                    pf_cols.append(torch.where(moves, token_lp, 0.0))
                 token_cols.append(step_tokens)
                 length = torch.where(stops, k, length)
                 active = moves
@@ -356,8 +367,10 @@ def _eager_rollout(
             policy.model.train(was_training)
 
     tokens = side_by_side(token_cols, big_t, policy.pad_id, torch.long, n, device)
-    log_pf = side_by_side(pf_cols, big_t, 0.0, torch.float32, n, device)
-    log_pterm = side_by_side(pterm_cols, big_t + 1, 0.0, torch.float32, n, device)
+    log_pf = log_pterm = None
+    if record:
+        log_pf = side_by_side(pf_cols, big_t, 0.0, torch.float32, n, device)
+        log_pterm = side_by_side(pterm_cols, big_t + 1, 0.0, torch.float32, n, device)
     rows = [tuple(row[:tau]) for row, tau in zip(tokens.tolist(), length.tolist(), strict=True)]
     texts = [policy.row_text(row) for row in rows]
     timings = RolloutTimings(model_s, grammar_s, time.perf_counter() - start)

@@ -30,7 +30,8 @@ class Rollout:
 
     tokens: LongTensor [B, T], generated ids, ``pad_id`` after the stop.
     length: LongTensor [B], tau (tokens before the stop).
-    log_pf: float32 [B, T]; log_pterm: float32 [B, T+1] (untempered, unmasked, 0 after tau).
+    log_pf: float32 [B, T]; log_pterm: float32 [B, T+1] (untempered, unmasked, 0 after tau);
+        both None where the rollout was asked not to record them (``record=False``).
     texts: the generated text of each row, stop excluded (the concatenated in-context token texts,
         i.e. exactly the text the grammar matched).
     rows: the host copy of each row's generated ids x_1..x_tau (the texts are built from it).
@@ -38,8 +39,8 @@ class Rollout:
 
     tokens: torch.Tensor
     length: torch.Tensor
-    log_pf: torch.Tensor
-    log_pterm: torch.Tensor
+    log_pf: torch.Tensor | None
+    log_pterm: torch.Tensor | None
     texts: list[str]
     rows: list[tuple[int, ...]]
     timings: RolloutTimings
@@ -95,11 +96,12 @@ def concatenated(parts: Sequence[Rollout], total_s: float, before_s: float = 0.0
         sum(part.timings.grammar_s for part in parts) / len(parts),
         total_s,
     )
+    recorded = all(part.log_pf is not None for part in parts)
     return Rollout(
         torch.cat([part.tokens for part in parts]),
         torch.cat([part.length for part in parts]),
-        torch.cat([part.log_pf for part in parts]),
-        torch.cat([part.log_pterm for part in parts]),
+        torch.cat([part.log_pf for part in parts]) if recorded else None,
+        torch.cat([part.log_pterm for part in parts]) if recorded else None,
         [text for part in parts for text in part.texts],
         [row for part in parts for row in part.rows],
         timings,

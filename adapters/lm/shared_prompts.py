@@ -16,7 +16,9 @@ into logits over the whole vocabulary, the prompt's too. Here instead:
    from its prompt's last;
 3. the head is applied to the last layer's hidden state of the states a caller reads only: the
    prompt's last position (state 0, shared by the prompt's rows) and each row's body positions up
-   to its stop (state k+1 after k+1 tokens, for k < length).
+   to its stop (state k+1 after k+1 tokens, for k < length); and where a caller reads some of
+   the vocabulary only (a training rollout draws from its legal tokens and the stop), to those
+   columns only (``column_head``).
 
 The same function as the model's own forward over the concatenation, up to float rounding
 (tests/adapters/test_shared_prompts.py, against that forward, on Llama-, Qwen2- and GPT-2-shaped
@@ -32,7 +34,8 @@ The head alone is applied where ``HEAD_ONLY`` names the model's class (its logit
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -47,6 +50,28 @@ HEAD_ONLY = ("LlamaForCausalLM", "Qwen2ForCausalLM", "GPT2LMHeadModel")
 """Causal LMs whose logits are their output embeddings applied to the decoder's last hidden state
 (no soft-capping, scaling or bias beyond the head's own): the decoder runs alone, the head where
 it is read. Others run their own forward (logits at every body position)."""
+
+
+def column_head(
+    model: torch.nn.Module, columns: torch.Tensor
+) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The logits [..., C] over vocabulary ids ``columns`` [C] only, of last hidden states
+    [..., H]: the rows ``columns`` of ``model``'s output embedding (gathered now, so call it again
+    after the weights change), for a ``head_only`` model whose head is a plain linear layer; None
+    for another model, or a head with adapters (a LoRA on it), whose logits need the whole head."""
+    if not head_only(model):
+        return None
+    head = _base(model).get_output_embeddings()
+    if type(head) is not torch.nn.Linear:
+        return None
+    weight = head.weight.index_select(0, columns)
+    bias = None if head.bias is None else head.bias.index_select(0, columns)
+    return partial(F.linear, weight=weight, bias=bias)
+
+
+def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder of ``model`` (a ``head_only`` one), which runs without the head."""
+    return _base(model).get_decoder()
 
 
 def _base(model: torch.nn.Module) -> torch.nn.Module:
@@ -71,7 +96,7 @@ class PromptPast:
         ids, mask, positions = left_padded(list(index_of), pad_id, device)
         self.model = model
         self.head_only = head_only(model)
-        self.runner = _base(model).get_decoder() if self.head_only else model
+        self.runner = decoder_of(model) if self.head_only else model
         self.keyword = cache_keyword(self.runner)
         padded = not bool(mask.all())
         out = self.runner(

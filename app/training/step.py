@@ -139,6 +139,7 @@ def sample_trajectories(
         max_length=task.max_length,
         temperature=temperature,
         generator=generator,
+        record=False,  # rescored by the loss: the rollout's own log-probabilities go unread
     )
     return Trajectories(
         prompt=prompt,

@@ -125,6 +125,7 @@ def collect_step(
             max_length=task.max_length,
             temperature=temperature,
             generator=generator,
+            record=False,  # rescored by the loss: the rollout's own log-probabilities go unread
         )
     pieces = []
     start = 0

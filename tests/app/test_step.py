@@ -84,6 +84,22 @@ def test_rollout_hands_over_tokens_rows_and_texts_that_agree(setup) -> None:
     assert batch.on_policy == tuple(range(N)) and not batch.replayed
 
 
+def test_the_rollout_records_no_log_probabilities(setup, monkeypatch) -> None:
+    """The loss rescores the rows: the rollout is asked for none (tests/adapters/
+    test_column_head.py: a model's head then computes the behaviour's columns only)."""
+    _, policy, _ = setup
+    asked = []
+    sample = type(policy).sample
+
+    def spying(self, *args, **kwargs):
+        asked.append(kwargs.get("record", True))
+        return sample(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(policy), "sample", spying)
+    rollout(setup)
+    assert asked == [False]
+
+
 def test_prefix_texts_slice_the_given_text_like_concatenation(setup) -> None:
     _, _, scorer = setup
     batch = rollout(setup)

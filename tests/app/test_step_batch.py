@@ -108,7 +108,7 @@ def test_collect_step_rolls_out_sampled_rows_once_and_pads_stored_ones(setup, mo
     sample = type(policy).sample
 
     def counting(self, prompts, n, **kwargs):
-        calls.append((list(prompts), kwargs["temperature"].tolist()))
+        calls.append((list(prompts), kwargs["temperature"].tolist(), kwargs["record"]))
         return sample(self, prompts, n, **kwargs)
 
     monkeypatch.setattr(type(policy), "sample", counting)
@@ -117,7 +117,9 @@ def test_collect_step_rolls_out_sampled_rows_once_and_pads_stored_ones(setup, mo
     sampled = own[plan.kind[own] == SAMPLED]
     spliced = own[plan.kind[own] == ORACLE]
     assert len(sampled) and len(spliced)
-    assert calls == [([prompt] * len(sampled), pytest.approx(plan.temperature[sampled].tolist()))]
+    # one rollout, which records nothing: the loss rescores its rows (test_column_head.py)
+    temperatures = pytest.approx(plan.temperature[sampled].tolist())
+    assert calls == [([prompt] * len(sampled), temperatures, False)]
     first, second = step.pieces
     assert len(first.rows) == len(sampled) and first.on_policy == tuple(range(len(sampled)))
     assert second.rows == (solutions[0],) * len(spliced) and second.on_policy == ()
