@@ -246,9 +246,10 @@ def table(
     args: argparse.Namespace, task: str, sides: list[Side], counted: list[dict[str, Any]]
 ) -> list[str]:
     """The markdown rows of ``compare``: each stage's median seconds on each side (one or two),
-    the first's over the second's, its counted GFLOP and, with ``--floor``, each side's seconds
-    over the stage's floor (its GFLOP at ``--floor`` GFLOP/s a thread; per CPU second, or per wall
-    second times the side's threads with ``--clock wall``) and, with ``--product-floor``, over
+    the first's over the second's, its counted GFLOP (each side's, "base / new", where the two
+    sides' differ) and, with ``--floor``, each side's seconds over the stage's floor on that side
+    (its GFLOP at ``--floor`` GFLOP/s a thread; per CPU second, or per wall second times the
+    side's threads with ``--clock wall``) and, with ``--product-floor``, over
     its products' seconds alone on that side (``counted[i]["floor"]``)."""
     unit = "CPU s" if args.clock == "cpu" else "wall s"
     pair = len(sides) == 2
@@ -269,16 +270,20 @@ def table(
     def ratio(values: list[float]) -> str:
         return f" {values[0] / values[1] if values[1] else float('nan'):.2f}x |" if pair else ""
 
-    stage_flops = counted[-1]["stages"]
     for key in sides[0].runs[0]["cpu"]:
         seconds = medians(key)
-        flops = stage_flops.get(key, 0.0)
+        each = [count["stages"].get(key, 0.0) for count in counted]  # each side's own work
         row = f"| {key} |" + "".join(f" {x:.2f} |" for x in seconds) + ratio(seconds)
-        if flops <= 1e9:
+        if max(each) <= 1e9:
             rows.append(row + blank)
             continue
-        row += f" {flops / 1e9:.1f} |"
-        for side, x in zip(sides, seconds, strict=True) if args.floor else ():
+        same = max(each) - min(each) <= 0.005 * max(each)
+        row += (
+            f" {each[-1] / 1e9:.1f} |"
+            if same
+            else f" {' / '.join(f'{f / 1e9:.1f}' for f in each)} |"
+        )
+        for side, x, flops in zip(sides, seconds, each, strict=True) if args.floor else ():
             rate = args.floor * 1e9 * (side.threads if args.clock == "wall" else 1)
             row += f" {x / (flops / rate):.2f}x |"
         for count, x in zip(counted, seconds, strict=True) if args.product_floor else ():

@@ -87,3 +87,20 @@ def test_the_product_floor_column_divides_by_each_sides_own_stage_floor():
     assert "| rollout | 3.00 | 2.00 | 1.50x | 100.0 | 1.50x | 1.25x |" in rows
     assert "| total | 9.00 | 5.00 | 1.80x | 400.0 | 1.50x | 1.25x |" in rows
     assert "| wall | 9.01 | 5.01 | 1.80x | | | |" in rows
+
+
+def test_sides_that_count_other_work_each_have_their_own_floor():
+    """A checkout against one that does less work in a stage (base / new GFLOP): each side's
+    seconds over its own floor, the GFLOP cell showing both."""
+    script = load_script("pretrained_step")
+    base = _side("base", 1, [9.0], [3.0])
+    new = _side("new", 1, [8.0], [2.0])
+    counted = [
+        {"flops": 4.0e11, "stages": {"rollout": 1.0e11, "total": 4.0e11}},
+        {"flops": 3.5e11, "stages": {"rollout": 0.5e11, "total": 3.5e11}},
+    ]
+    args = argparse.Namespace(clock="wall", floor=50.0, product_floor=False)
+    rows = script.table(args, "expr24", [base, new], counted)
+    # rollout: 100 GFLOP (floor 2 s) on base, 50 (floor 1 s) on new
+    assert "| rollout | 3.00 | 2.00 | 1.50x | 100.0 / 50.0 | 1.50x | 2.00x |" in rows
+    assert "| total | 9.00 | 8.00 | 1.12x | 400.0 / 350.0 | 1.12x | 1.14x |" in rows
