@@ -13,6 +13,7 @@ rev=${2:-HEAD}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 results="$repo/benchmarks/results/fresh_clone"
 work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT # the clone and its venv: ~7.6 GB a run
 git clone -q "$repo" "$work/raptb"
 cd "$work/raptb"
 git checkout -q "$rev"
@@ -56,7 +57,8 @@ EOF
   ;;
 suite)
   start=$(date +%s)
-  CI=true bash .ci/run 2>&1 | tee "$work/suite.log"
+  status=0
+  CI=true bash .ci/run 2>&1 | tee "$work/suite.log" || status=$? # a failed suite is a row too
   total=$(($(date +%s) - start))
   # the suite's summary: the first (the vLLM tests' follows it)
   summary=$(grep -E '^[0-9]+ passed|^=+ .*passed' "$work/suite.log" | head -1)
@@ -74,3 +76,4 @@ suite)
 esac
 cd "$repo" && python benchmarks/pages.py
 echo "appended to $results; the pages are written anew (git diff shows them)"
+exit "${status:-0}"
