@@ -23,7 +23,10 @@ edits one without the other. The sources:
 - the field table of ``docs/rl-baselines.md`` (``benchmarks/field_table.py``'s FIELD): each
   method's runs on Expr24 from the studies it names (``diversity_zoo``,
   ``diversity_zoo_ips_flowrl`` and the studies that add seeds or steps to them), with the target
-  (uniform over the solutions) for scale.
+  (uniform over the solutions) for scale;
+- ``results/thread_gain/runs.csv``: a pretrained model's step on two threads against one, every
+  run of ``benchmarks/pretrained_step.py --against-threads 2`` added by
+  ``benchmarks/thread_gain.py`` (over runs, not seeds).
 
 Cells are means with their 95% Student-t interval over seeds; "one run" is the 95% prediction
 interval of one more run, mean ± t_{S-1,0.975} sd sqrt(1 + 1/S).
@@ -50,6 +53,7 @@ from result_files import (
     seconds_range,
     spread,
 )
+from thread_gain import thread_gain_table
 
 MARKER = re.compile(r"<!-- gen:([a-z0-9-]+) -->\n(.*?)<!-- /gen:\1 -->", re.DOTALL)
 
@@ -207,6 +211,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "pretrained-table": pretrained_table,
     "readme-pretrained": readme_pretrained,
     "field-table": field_table,
+    "thread-gain-table": thread_gain_table,
 }
 PAGES = ("README.md", "docs/benchmarks.md", "docs/development.md", "docs/rl-baselines.md")
 
