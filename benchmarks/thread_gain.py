@@ -22,6 +22,7 @@ import csv
 import re
 import sys
 from pathlib import Path
+from statistics import fmean
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # a script's siblings, from any caller
 from result_files import RESULTS, Spread, read_csv
@@ -81,15 +82,6 @@ def append(rows: list[dict[str, str]], path: Path = RUNS) -> None:
         writer.writerows(rows)
 
 
-def ratios(rows: list[dict[str, str]], task: str, stage: str) -> list[float]:
-    """One thread's seconds over two threads', a value a run, in file order."""
-    return [
-        float(row["one_thread_s"]) / float(row["two_threads_s"])
-        for row in rows
-        if row["task"] == task and row["stage"] == stage
-    ]
-
-
 def thread_gain_table(path: Path = RUNS) -> str:
     """For each task, the step's and its main stages' ratios over the runs (module docstring)."""
     rows = read_csv(path)
@@ -100,16 +92,17 @@ def thread_gain_table(path: Path = RUNS) -> str:
     ]
     for task in dict.fromkeys(row["task"] for row in rows):
         for stage in (STEP, *SHOWN):
-            gains = ratios(rows, task, stage)
-            if not gains:
-                continue
             mine = [row for row in rows if row["task"] == task and row["stage"] == stage]
-            one = Spread([float(row["one_thread_s"]) for row in mine]).mean
-            two = Spread([float(row["two_threads_s"]) for row in mine]).mean
+            if not mine:
+                continue
+            one = [float(row["one_thread_s"]) for row in mine]
+            two = [float(row["two_threads_s"]) for row in mine]
+            gains = [a / b for a, b in zip(one, two, strict=True)]  # a value a run
             gain = Spread(gains)
             name = "the step" if stage == STEP else stage
             lines.append(
-                f"| {TASK_NAMES.get(task, task)}: {name} | {gain.n} | {one:.2f} | {two:.2f} "
+                f"| {TASK_NAMES.get(task, task)}: {name} | {gain.n} | {fmean(one):.2f} "
+                f"| {fmean(two):.2f} "
                 f"| {gain.cell(2)}x | {min(gains):.2f}-{max(gains):.2f}x "
                 f"| {gain.run_range(2)}x |"
             )
